@@ -1,0 +1,97 @@
+"""Communicator helpers: default communicator, collective validation, reductions.
+
+slasolve's rule for errors (DESIGN.md section 8): validation that can fail on one
+rank is combined across ranks, and the same exception is raised on every rank, so
+that no rank is left waiting in a collective that the failing rank never enters.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+__all__ = ["get_comm", "check_collective", "allreduce_sum", "allreduce_max", "exscan_sum"]
+
+_ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError,
+                "FileNotFoundError": FileNotFoundError, "ImportError": ImportError}
+
+
+def get_comm(comm: Optional[MPI.Comm] = None) -> MPI.Comm:
+    """Local. Return ``comm``, or ``MPI.COMM_WORLD`` when it is ``None``."""
+    if comm is None:
+        return MPI.COMM_WORLD
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"comm must be an mpi4py MPI.Comm, got {type(comm).__name__}")
+    return comm
+
+
+def check_collective(comm: MPI.Comm, error: Optional[BaseException]) -> None:
+    """Collective. Raise ``error`` (or the first rank's error) on every rank.
+
+    Each rank passes the result of its own validation: ``None`` when its input is
+    fine, or the exception it would raise. One small Allreduce decides whether any
+    rank failed; only then are the messages gathered, and every rank raises the
+    same exception type with the message of the lowest failing rank.
+    """
+    if comm.Get_size() == 1:
+        if error is not None:
+            raise error
+        return
+    failed = comm.allreduce(1 if error is not None else 0, op=MPI.SUM)
+    if failed == 0:
+        return
+    payload = None if error is None else (type(error).__name__, str(error))
+    messages = comm.allgather(payload)
+    first = next(r for r, m in enumerate(messages) if m is not None)
+    kind, text = messages[first]
+    if error is not None and first == comm.Get_rank():
+        raise error
+    exc_type = _ERROR_TYPES.get(kind, RuntimeError)
+    suffix = f" (on rank {first}; {failed} rank(s) failed)"
+    raise exc_type(text + suffix)
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to("cpu").contiguous().numpy()
+
+
+def allreduce_sum(comm: MPI.Comm, t: torch.Tensor) -> torch.Tensor:
+    """Collective. Sum a (small) tensor over all ranks; identity on one rank."""
+    if comm.Get_size() == 1:
+        return t
+    buf = _as_numpy(t).copy()
+    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    return torch.from_numpy(buf).to(t.device)
+
+
+def allreduce_max(comm: MPI.Comm, t: torch.Tensor) -> torch.Tensor:
+    """Collective. Elementwise maximum of a (small) tensor over all ranks."""
+    if comm.Get_size() == 1:
+        return t
+    buf = _as_numpy(t).copy()
+    comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+    return torch.from_numpy(buf).to(t.device)
+
+
+def exscan_sum(comm: MPI.Comm, value: int) -> int:
+    """Collective. Exclusive prefix sum of an integer over ranks (0 on rank 0)."""
+    if comm.Get_size() == 1:
+        return 0
+    out = comm.exscan(int(value), op=MPI.SUM)
+    return 0 if out is None else int(out)
+
+
+def ownership_offsets(comm: MPI.Comm, n_local: int) -> np.ndarray:
+    """Collective. ``(size+1,)`` offsets of contiguous ownership ranges (one Allgather)."""
+    counts = np.asarray(comm.allgather(int(n_local)), dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+
+def same_on_all_ranks(comm: MPI.Comm, value: Sequence[int] | int) -> bool:
+    """Collective. True when the integer (tuple) ``value`` is identical on every rank."""
+    if comm.Get_size() == 1:
+        return True
+    values = comm.allgather(value)
+    return all(v == values[0] for v in values)

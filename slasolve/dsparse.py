@@ -1,0 +1,643 @@
+"""DSparseTensor: one rank's SparseTensor plus a DSparseSpec.
+
+Row-sharded tensors are laid out as PETSc's MPIAIJ: each rank owns the block rows
+``[rstart, rend)`` and keeps its rows split into a *diagonal block* (owned
+columns, local ids) and an *off-diagonal block* (ghost columns, compressed ids),
+plus the global id of each ghost. The user-facing ``values`` are the local rows'
+values in CSR order with sorted global columns; the two blocks are gathered
+from them by index, so gradients reach ``values`` directly.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Tuple
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from mpi4py import MPI
+
+from ._comm import check_collective, get_comm, ownership_offsets
+from .halo import HaloPlan
+from .placement import DSparseSpec, Placement, Replicated, Shard, SparseShard, row_shard
+from .sparse import Pattern, SparseTensor, _check_finite, _csr_mv, _csr_rmv, _csr_value_grad
+
+__all__ = ["DSparseTensor"]
+
+
+def _block_scalar(pattern: Pattern, values: torch.Tensor, block: Tuple[int, ...]):
+    """Scalar pattern, scalar values and the value permutation of a (block) pattern."""
+    if not block:
+        return pattern, values, None
+    ps, perm = pattern.scalar(*block)
+    return ps, values.reshape(-1)[perm], perm
+
+
+def _unscalar_grad(gs: torch.Tensor, perm, nnz: int, block) -> torch.Tensor:
+    if perm is None:
+        return gs
+    out = gs.new_zeros(nnz * block[0] * block[1])
+    out[perm] = gs
+    return out.view(nnz, *block)
+
+
+class _RowLayout:
+    """Collective (constructor). Diagonal/off-diagonal split and halo plan of a row shard."""
+
+    def __init__(self, comm, pattern: Pattern, row_offsets, col_offsets, block):
+        rank = comm.Get_rank()
+        self.comm = comm
+        self.block = tuple(block)
+        self.row_offsets = np.asarray(row_offsets, dtype=np.int64)
+        self.col_offsets = np.asarray(col_offsets, dtype=np.int64)
+        self.rstart, self.rend = int(self.row_offsets[rank]), int(self.row_offsets[rank + 1])
+        self.cstart, self.cend = int(self.col_offsets[rank]), int(self.col_offsets[rank + 1])
+        n_loc_rows, n_loc_cols = self.rend - self.rstart, self.cend - self.cstart
+        cols = pattern.indices
+        rows = pattern.rows()
+        in_diag = (cols >= self.cstart) & (cols < self.cend)
+        self.diag_pos = torch.nonzero(in_diag).flatten()
+        self.offd_pos = torch.nonzero(~in_diag).flatten()
+        dev = cols.device
+
+        def sub_pattern(pos, local_cols, ncols):
+            r = rows[pos]
+            counts = torch.bincount(r, minlength=n_loc_rows)
+            indptr = torch.zeros(n_loc_rows + 1, dtype=torch.int64, device=dev)
+            indptr[1:] = torch.cumsum(counts, 0)
+            return Pattern(indptr, local_cols.contiguous(), n_loc_rows, ncols)
+
+        self.diag = sub_pattern(self.diag_pos, cols[self.diag_pos] - self.cstart, n_loc_cols)
+        offd_cols = cols[self.offd_pos]
+        self.ghost_ids = torch.unique(offd_cols, sorted=True)
+        self.offd = sub_pattern(self.offd_pos, torch.searchsorted(self.ghost_ids, offd_cols),
+                                int(self.ghost_ids.numel()))
+        self.halo = HaloPlan(comm, (self.cstart, self.cend), self.ghost_ids, offsets=self.col_offsets)
+        self.petsc_mat = None
+        self.petsc_filled_from = None
+
+    @property
+    def bc(self) -> int:
+        return self.block[1] if self.block else 1
+
+    @property
+    def br(self) -> int:
+        return self.block[0] if self.block else 1
+
+
+class _RowShardMatVec(torch.autograd.Function):
+    """y = A_diag x + A_offd x_ghost, halo exchange overlapped with the diagonal product."""
+
+    @staticmethod
+    def forward(ctx, values, x, layout):
+        L = layout
+        pd, vd, permd = _block_scalar(L.diag, values[L.diag_pos], L.block)
+        po, vo, permo = _block_scalar(L.offd, values[L.offd_pos], L.block)
+        trailing = tuple(x.shape[1:])
+        pending = L.halo.start_forward(x.reshape((L.cend - L.cstart, L.bc) + trailing))
+        y = _csr_mv(pd, vd, x)
+        xg = L.halo.finish(pending).reshape((L.halo.n_ghost * L.bc,) + trailing)
+        if po.nnz:
+            y = y + _csr_mv(po, vo, xg)
+        ctx.layout = L
+        ctx.save_for_backward(values, x, xg)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        L = ctx.layout
+        values, x, xg = ctx.saved_tensors
+        g = g.contiguous()
+        pd, vd, permd = _block_scalar(L.diag, values[L.diag_pos], L.block)
+        po, vo, permo = _block_scalar(L.offd, values[L.offd_pos], L.block)
+        gx = gv = None
+        if ctx.needs_input_grad[1]:
+            trailing = tuple(g.shape[1:])
+            tg = _csr_rmv(po, vo, g) if po.nnz else g.new_zeros((po.N,) + trailing)
+            pending = L.halo.start_reverse(tg.reshape((L.halo.n_ghost, L.bc) + trailing))
+            gx = _csr_rmv(pd, vd, g)
+            gx = gx + L.halo.finish(pending).reshape(gx.shape)
+        if ctx.needs_input_grad[0]:
+            gv = torch.zeros_like(values)
+            nd, no = L.diag_pos.numel(), L.offd_pos.numel()
+            gv[L.diag_pos] = _unscalar_grad(_csr_value_grad(pd, g, x), permd, nd, L.block)
+            if no:
+                gv[L.offd_pos] = _unscalar_grad(_csr_value_grad(po, g, xg), permo, no, L.block)
+        return gv, gx, None
+
+
+class _AllreduceSum(torch.autograd.Function):
+    """Sum over ranks; the result is replicated, so the backward is the identity."""
+
+    @staticmethod
+    def forward(ctx, t, comm):
+        if comm.Get_size() == 1:
+            return t.clone()
+        buf = np.ascontiguousarray(t.detach().cpu().numpy()).copy()
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        return torch.from_numpy(buf).to(t.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def _to_sparse_tensor(A) -> SparseTensor:
+    if isinstance(A, SparseTensor):
+        return A
+    if sp.issparse(A):
+        return SparseTensor.from_scipy(A)
+    if isinstance(A, torch.Tensor) and A.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_bsr):
+        return SparseTensor.from_torch(A)
+    raise TypeError(f"A must be a SparseTensor, a scipy.sparse matrix or a torch sparse tensor, "
+                    f"got {type(A).__name__}")
+
+
+def _split_offsets(n: int, size: int) -> np.ndarray:
+    """PETSc's PETSC_DECIDE split: the first n % size ranks get one more."""
+    counts = np.full(size, n // size, dtype=np.int64)
+    counts[: n % size] += 1
+    return np.concatenate([[0], np.cumsum(counts)])
+
+
+class DSparseTensor:
+    """A distributed sparse tensor: this rank's :class:`SparseTensor` plus a :class:`DSparseSpec`.
+
+    Build with :meth:`from_local_rows` (scalable: each rank passes its own rows),
+    :meth:`from_global` (small problems: one global matrix, distributed by a
+    partitioner) or :func:`slasolve.from_petsc`. All constructors are collective.
+
+    For a row shard, ``local`` holds the owned block rows ``[rstart, rend)``
+    with *global* block-column indices; vectors are plain tensors holding the
+    rank's owned rows, shape ``(n_local,)`` or ``(n_local, k)``.
+    """
+
+    def __init__(self, local: SparseTensor, spec: DSparseSpec, *, _layout: Optional[_RowLayout] = None):
+        self._local = local
+        self._spec = spec
+        self._layout = _layout
+        nbatch = len(local.batch_shape)
+        if spec.placement.is_row_shard(nbatch) and _layout is None:
+            offs = spec.offsets
+            self._layout = _RowLayout(spec.comm, local.pattern, offs[0], offs[1], local.block_shape)
+
+    # -- metadata -------------------------------------------------------------
+    @property
+    def local(self) -> SparseTensor:
+        """This rank's data (owned rows with global column ids, for a row shard)."""
+        return self._local
+
+    @property
+    def spec(self) -> DSparseSpec:
+        return self._spec
+
+    @property
+    def comm(self) -> MPI.Comm:
+        return self._spec.comm
+
+    @property
+    def placement(self) -> Placement:
+        return self._spec.placement
+
+    @property
+    def global_shape(self) -> Tuple[int, ...]:
+        return self._spec.global_shape
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self._local.values
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._local.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._local.device
+
+    @property
+    def block_shape(self) -> Tuple[int, ...]:
+        return self._local.block_shape
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._local.requires_grad
+
+    @property
+    def is_row_shard(self) -> bool:
+        return self._layout is not None
+
+    def _need_row_shard(self, what: str) -> _RowLayout:
+        if self._layout is None:
+            raise TypeError(f"{what} needs a row-sharded DSparseTensor, this one is {self.placement}")
+        return self._layout
+
+    @property
+    def row_range(self) -> Tuple[int, int]:
+        """Owned scalar rows ``[start, end)`` (block rows times the block size)."""
+        L = self._need_row_shard("row_range")
+        return L.rstart * L.br, L.rend * L.br
+
+    @property
+    def col_range(self) -> Tuple[int, int]:
+        """Owned scalar columns ``[start, end)``: the rows of ``x`` this rank holds."""
+        L = self._need_row_shard("col_range")
+        return L.cstart * L.bc, L.cend * L.bc
+
+    @property
+    def n_local(self) -> int:
+        """Owned scalar rows."""
+        a, b = self.row_range
+        return b - a
+
+    @property
+    def diag(self) -> SparseTensor:
+        """Diagonal block (owned columns, local ids), differentiable in ``values``."""
+        L = self._need_row_shard("diag")
+        return self._sub(L.diag, L.diag_pos)
+
+    @property
+    def offd(self) -> SparseTensor:
+        """Off-diagonal block (ghost columns, compressed ids)."""
+        L = self._need_row_shard("offd")
+        return self._sub(L.offd, L.offd_pos)
+
+    def _sub(self, pattern: Pattern, pos: torch.Tensor) -> SparseTensor:
+        v = self._local.values[pos]
+        return SparseTensor._make(pattern, v, (pattern.M, pattern.N) + self.block_shape, len(self.block_shape))
+
+    @property
+    def ghost_ids(self) -> torch.Tensor:
+        """Global block-column ids of the ghost columns (sorted)."""
+        return self._need_row_shard("ghost_ids").ghost_ids
+
+    @property
+    def halo(self) -> HaloPlan:
+        return self._need_row_shard("halo").halo
+
+    def __repr__(self) -> str:
+        return (f"DSparseTensor(global_shape={self.global_shape}, placement={self.placement}, "
+                f"local={self._local!r}, rank={self.comm.Get_rank()}/{self.comm.Get_size()})")
+
+    # -- construction -----------------------------------------------------------
+    @classmethod
+    def from_local_rows(cls, indptr, indices, values, global_shape: Sequence[int],
+                        comm: Optional[MPI.Comm] = None, *, block_shape: Tuple[int, ...] = (),
+                        n_local_cols: Optional[int] = None, partition: Any = None) -> "DSparseTensor":
+        """Collective. Build a row shard from the rows this rank owns (the scalable path).
+
+        Parameters
+        ----------
+        indptr, indices, values
+            CSR of this rank's owned (block) rows with *global* (block) column
+            indices; duplicates are summed. ``values``: ``(nnz, *block)``.
+        global_shape : (M, N[, br, bc])
+            Identical on every rank. Ranks own consecutive row ranges in rank order.
+        comm : MPI.Comm, optional
+        n_local_cols : int, optional
+            Owned columns (the rows of ``x`` this rank holds); default: the same
+            as the owned rows for a square matrix, PETSc's split otherwise.
+
+        Memory per rank is O(local rows + ghosts + local nonzeros).
+        """
+        comm = get_comm(comm)
+        err = None
+        local = None
+        try:
+            global_shape = tuple(int(s) for s in global_shape)
+            block_shape = tuple(int(b) for b in block_shape)
+            if len(global_shape) != 2 + len(block_shape) or (block_shape and global_shape[2:] != block_shape):
+                raise ValueError(f"global_shape must be (M, N) + block_shape, got {global_shape}")
+            M, N = global_shape[:2]
+            vals = values if isinstance(values, torch.Tensor) else torch.as_tensor(np.asarray(values))
+            ip = indptr if isinstance(indptr, torch.Tensor) else torch.as_tensor(np.asarray(indptr))
+            if ip.dim() != 1 or ip.numel() < 1:
+                raise ValueError("indptr must be a non-empty 1-D array of n_local+1 row pointers")
+            n_loc = ip.numel() - 1
+            idx = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(np.asarray(indices))
+            ip64 = ip.to(torch.int64)
+            if n_loc and bool((ip64[1:] < ip64[:-1]).any()) or int(ip64[0]) != 0 or int(ip64[-1]) != idx.numel():
+                raise ValueError("indptr must start at 0, be non-decreasing and end at len(indices)")
+            counts = ip64[1:] - ip64[:-1]
+            rows = torch.repeat_interleave(torch.arange(n_loc), counts)
+            local = SparseTensor.from_coo(rows, idx, vals, (n_loc, N) + block_shape, block_shape=block_shape)
+        except (ValueError, TypeError) as e:
+            err = e
+        check_collective(comm, err)
+        info = (global_shape, str(local.dtype), local.M)
+        allinfo = comm.allgather(info)
+        err = None
+        shapes = {a[0] for a in allinfo}
+        dtypes = {a[1] for a in allinfo}
+        nrows = [a[2] for a in allinfo]
+        if len(shapes) > 1:
+            err = ValueError(f"global_shape differs across ranks: {sorted(shapes)}")
+        elif len(dtypes) > 1:
+            err = TypeError(f"values dtype differs across ranks: {sorted(dtypes)}")
+        elif sum(nrows) != global_shape[0]:
+            err = ValueError(f"the ranks' local rows add up to {sum(nrows)}, but global_shape has "
+                             f"M = {global_shape[0]} rows")
+        elif min(nrows) == 0 and comm.Get_size() > 1:
+            err = ValueError(f"rank {nrows.index(0)} owns no rows: every rank needs at least one "
+                             "(use fewer ranks or another partition)")
+        check_collective(comm, err)
+        row_offsets = np.concatenate([[0], np.cumsum(nrows)]).astype(np.int64)
+        if n_local_cols is None:
+            col_offsets = row_offsets if global_shape[0] == global_shape[1] else \
+                _split_offsets(global_shape[1], comm.Get_size())
+        else:
+            col_offsets = ownership_offsets(comm, int(n_local_cols))
+            check_collective(comm, None if col_offsets[-1] == global_shape[1] else ValueError(
+                f"n_local_cols add up to {col_offsets[-1]}, expected N = {global_shape[1]}"))
+        spec = DSparseSpec(row_shard(), comm, global_shape, partition,
+                           (tuple(row_offsets.tolist()), tuple(col_offsets.tolist())))
+        return cls(local, spec)
+
+    @classmethod
+    def from_global(cls, A, comm: Optional[MPI.Comm] = None, *, partition: Any = "contiguous",
+                    coords=None, placement: Optional[Placement] = None, root: int = 0) -> "DSparseTensor":
+        """Collective. Distribute a global matrix given on ``root`` (others may pass ``None``)
+        or on every rank. For small and medium problems: ``root`` holds the whole matrix.
+
+        Parameters
+        ----------
+        A : SparseTensor, scipy.sparse matrix or torch sparse tensor
+        partition : str or Partition
+            ``"contiguous"``, ``"metis"``, ``"rcb"``, ``"hilbert"`` (the last two need
+            ``coords``), or a :class:`slasolve.partition.Partition`. Rows are renumbered
+            so each rank owns a contiguous block; ``spec.partition`` keeps the permutation
+            and :meth:`scatter` / :meth:`gather` apply it.
+        coords : array (n, d), optional
+            Coordinates of the (block) rows, for geometric partitioners.
+        placement : Placement, optional
+            ``row_shard()`` (default), ``col_shard()``, ``Replicated()`` or ``Shard(dim)``.
+        """
+        comm = get_comm(comm)
+        rank, size = comm.Get_rank(), comm.Get_size()
+        placement = row_shard() if placement is None else placement
+        have = A is not None
+        everywhere = comm.allreduce(1 if have else 0) == size
+        err = None
+        S = None
+        if rank == root or everywhere:
+            try:
+                if not have:
+                    raise ValueError(f"A is None on the root rank {root}")
+                S = _to_sparse_tensor(A).detach().to("cpu")
+            except (ValueError, TypeError) as e:
+                err = e
+        check_collective(comm, err)
+        if isinstance(placement, Replicated):
+            if not everywhere:
+                S = comm.bcast(S, root=root)
+            spec = DSparseSpec(placement, comm, S.shape, None)
+            return cls(S, spec)
+        if isinstance(placement, Shard):
+            return cls._from_global_batch_shard(S, comm, placement, everywhere, root)
+        if not isinstance(placement, SparseShard):
+            raise TypeError(f"placement must be a Placement, got {placement!r}")
+        if S is not None and S.batch_shape and (rank == root):
+            err = ValueError("row/column shards need an unbatched matrix; use Shard(dim) for batches")
+        check_collective(comm, err if rank == root else None)
+        nbatch = 0
+        if placement.is_col_shard(nbatch):
+            return cls._from_global_col_shard(S, comm, placement, everywhere, root)
+        if not placement.is_row_shard(nbatch):
+            raise ValueError(f"SparseShard axis must be 0 (rows) or 1 (columns), got {placement.axis}")
+
+        pieces = part = None
+        if rank == root:
+            try:
+                part = cls._make_partition(S, size, partition, coords)
+                pieces = cls._split_rows(S, part, size)
+            except (ValueError, TypeError, ImportError) as e:
+                err = e
+        check_collective(comm, err if rank == root else None)
+        part = comm.bcast(part, root=root)
+        indptr, indices, values = comm.scatter(pieces, root=root)
+        shape = comm.bcast(S.shape if rank == root else None, root=root)
+        return cls.from_local_rows(indptr, indices, values, shape, comm,
+                                   block_shape=part["block"], partition=part["partition"])
+
+    @staticmethod
+    def _make_partition(S: SparseTensor, size: int, partition, coords):
+        from . import partition as _partition
+        M, N = S.M, S.N
+        if isinstance(partition, str) and partition == "contiguous" and coords is None:
+            p = None
+        elif isinstance(partition, str):
+            if M != N:
+                raise ValueError("partition other than 'contiguous' needs a square matrix")
+            graph = sp.csr_matrix((np.ones(S.nnz), S.indices.numpy(), S.indptr.numpy()), shape=(M, N))
+            p = _partition.partition(graph, size, method=partition, coords=coords)
+        elif isinstance(partition, _partition.Partition):
+            p = partition
+            if p.nparts != size or p.parts.shape[0] != M:
+                raise ValueError(f"partition has {p.nparts} parts for {p.parts.shape[0]} rows; "
+                                 f"expected {size} parts for {M} rows")
+        else:
+            raise TypeError(f"partition must be a method name or a Partition, got {type(partition).__name__}")
+        return {"partition": p, "block": S.block_shape}
+
+    @staticmethod
+    def _split_rows(S: SparseTensor, part, size: int):
+        p = part["partition"]
+        if p is None:
+            offsets = _split_offsets(S.M, size)
+            if (np.diff(offsets) == 0).any() and size > 1:
+                raise ValueError(f"the matrix has {S.M} rows, fewer than the {size} ranks: "
+                                 "some rank would own no rows")
+            P = S
+        else:
+            offsets = np.asarray(p.offsets)
+            iperm = torch.as_tensor(np.asarray(p.iperm), dtype=torch.int64)
+            rows = iperm[S.row_indices()]
+            cols = iperm[S.indices]
+            P = SparseTensor.from_coo(rows, cols, S.values, S.shape, block_shape=S.block_shape)
+        ip = P.indptr
+        out = []
+        for r in range(size):  # loop over ranks, not rows
+            a, b = int(offsets[r]), int(offsets[r + 1])
+            lo, hi = int(ip[a]), int(ip[b])
+            out.append(((ip[a:b + 1] - lo).clone(), P.indices[lo:hi].clone(), P.values[lo:hi].clone()))
+        return out
+
+    @classmethod
+    def _from_global_col_shard(cls, S, comm, placement, everywhere, root):
+        rank, size = comm.Get_rank(), comm.Get_size()
+        if not everywhere:
+            S = comm.bcast(S, root=root)
+        offsets = _split_offsets(S.N, size)
+        a, b = int(offsets[rank]), int(offsets[rank + 1])
+        cols = S.indices
+        keep = (cols >= a) & (cols < b)
+        local = SparseTensor.from_coo(S.row_indices()[keep], cols[keep] - a, S.values[keep],
+                                      (S.M, b - a) + S.block_shape, block_shape=S.block_shape)
+        offs = (tuple(_split_offsets(S.M, size).tolist()), tuple(offsets.tolist()))
+        return cls(local, DSparseSpec(placement, comm, S.shape, None, offs))
+
+    @classmethod
+    def _from_global_batch_shard(cls, S, comm, placement, everywhere, root):
+        rank, size = comm.Get_rank(), comm.Get_size()
+        if not everywhere:
+            S = comm.bcast(S, root=root)
+        nb = len(S.batch_shape)
+        if not (0 <= placement.dim < nb):
+            raise ValueError(f"Shard(dim={placement.dim}) needs a batch dimension; the matrix has {nb}")
+        n = S.batch_shape[placement.dim]
+        offsets = _split_offsets(n, size)
+        a, b = int(offsets[rank]), int(offsets[rank + 1])
+        v = S.values.narrow(placement.dim, a, b - a)
+        local = S.with_values(v)
+        return cls(local, DSparseSpec(placement, comm, S.shape, None, (tuple(offsets.tolist()),)))
+
+    def with_values(self, values: torch.Tensor) -> "DSparseTensor":
+        """Local. Same pattern, layout, halo plan and PETSc Mat; new local values."""
+        return DSparseTensor(self._local.with_values(values), self._spec, _layout=self._layout)
+
+    def detach(self) -> "DSparseTensor":
+        return self.with_values(self.values.detach())
+
+    def to(self, *args, **kwargs) -> "DSparseTensor":
+        """Local. Cast / move the local values (like ``torch.Tensor.to``)."""
+        return DSparseTensor(self._local.to(*args, **kwargs), self._spec, _layout=self._layout)
+
+    # -- products -------------------------------------------------------------
+    def _check_vec(self, x: torch.Tensor, n: int, what: str) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() not in (1, 2) or x.shape[0] != n:
+            raise ValueError(f"{what} must hold this rank's {n} owned rows, shape ({n},) or ({n}, k); "
+                             f"got {tuple(x.shape)}")
+        if x.dtype != self.dtype:
+            raise TypeError(f"dtype mismatch: matrix is {self.dtype}, {what} is {x.dtype}")
+
+    def matvec(self, x: torch.Tensor) -> torch.Tensor:
+        """Collective. ``dA @ x`` dispatched by placement; differentiable in values and ``x``.
+
+        Row shard: ``x`` holds the owned columns' entries, the result the owned rows.
+        Column shard: ``x`` owned columns, result replicated (Allreduce).
+        Replicated / batch shard: local products.
+        """
+        pl = self.placement
+        if self._layout is not None:
+            L = self._layout
+            self._check_vec(x, (L.cend - L.cstart) * L.bc, "x")
+            if self._local.batch_shape:
+                raise ValueError("batched values on a row shard are not supported; use Shard(dim)")
+            return _RowShardMatVec.apply(self.values, x, L)
+        if isinstance(pl, SparseShard):  # column shard
+            return _AllreduceSum.apply(self._local.matvec(x), self.comm)
+        return self._local.matvec(x)
+
+    def rmatvec(self, y: torch.Tensor) -> torch.Tensor:
+        """Collective. ``dA.T @ y``: reverse halo exchange of the off-diagonal products."""
+        pl = self.placement
+        if self._layout is not None:
+            L = self._layout
+            self._check_vec(y, (L.rend - L.rstart) * L.br, "y")
+            out = self.diag.T.matvec(y)
+            if L.halo.n_ghost or L.halo.n_send or self.comm.Get_size() > 1:
+                tg = self.offd.T.matvec(y)
+                trailing = tuple(y.shape[1:])
+                contrib = L.halo.reverse(tg.reshape((L.halo.n_ghost, L.bc) + trailing))
+                out = out + contrib.reshape(out.shape)
+            return out
+        if isinstance(pl, SparseShard):  # column shard: y replicated, result owned columns
+            return self._local.T.matvec(y)
+        return self._local.T.matvec(y)
+
+    def __matmul__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matvec(x)
+
+    @property
+    def T(self) -> "_Transposed":
+        """Collective view: ``dA.T @ y`` computes the transposed product."""
+        return _Transposed(self)
+
+    def diagonal(self) -> torch.Tensor:
+        """Local. The owned rows' scalar diagonal (square row shard)."""
+        L = self._need_row_shard("diagonal")
+        return self.diag.diagonal()
+
+    # -- global vectors ---------------------------------------------------------
+    def _row_perm(self):
+        p = self._spec.partition
+        if p is None:
+            return None
+        perm = torch.as_tensor(np.asarray(p.perm), dtype=torch.int64)
+        br = self._layout.br if self._layout is not None else 1
+        if br > 1:
+            perm = (perm.view(-1, 1) * br + torch.arange(br)).reshape(-1)
+        return perm
+
+    def scatter(self, x_global: Optional[torch.Tensor], root: Optional[int] = 0) -> torch.Tensor:
+        """Collective. This rank's owned rows of a global vector in the user's numbering.
+
+        ``x_global`` (``(n,)`` or ``(n, k)``) is needed on ``root`` only, or on every
+        rank with ``root=None``. Convenience for small problems and tests.
+        """
+        L = self._need_row_shard("scatter")
+        comm = self.comm
+        rank, size = comm.Get_rank(), comm.Get_size()
+        offs = L.row_offsets * L.br
+        have = x_global is not None
+        err = None
+        if root is None or rank == root:
+            if not have or not isinstance(x_global, torch.Tensor):
+                err = TypeError("x_global must be a torch.Tensor" + ("" if root is None else f" on rank {root}"))
+            elif x_global.shape[0] != offs[-1]:
+                err = ValueError(f"x_global has {x_global.shape[0]} rows, the matrix {offs[-1]}")
+        check_collective(comm, err)
+        perm = self._row_perm()
+        if root is None:
+            xp = x_global if perm is None else x_global[perm]
+            return xp[offs[rank]:offs[rank + 1]].clone()
+        pieces = None
+        if rank == root:
+            xp = x_global if perm is None else x_global[perm]
+            pieces = [xp[offs[r]:offs[r + 1]].clone() for r in range(size)]
+        return comm.scatter(pieces, root=root)
+
+    def gather(self, x_local: torch.Tensor, root: Optional[int] = 0) -> Optional[torch.Tensor]:
+        """Collective. Assemble the global vector (user numbering) on ``root``
+        (``None`` elsewhere), or on every rank with ``root=None``."""
+        L = self._need_row_shard("gather")
+        self._check_vec(x_local, self.n_local, "x_local")
+        comm = self.comm
+        parts = comm.allgather(x_local.detach().cpu()) if root is None else \
+            comm.gather(x_local.detach().cpu(), root=root)
+        if parts is None:
+            return None
+        xp = torch.cat(parts, 0)
+        perm = self._row_perm()
+        if perm is None:
+            return xp
+        out = torch.empty_like(xp)
+        out[perm] = xp
+        return out
+
+    # -- PETSc -----------------------------------------------------------------
+    def to_petsc(self, *, refill: bool = True):
+        """Collective. A ``PETSc.Mat`` (MPIAIJ, MPIBAIJ for blocks) with the same ownership.
+
+        The Mat is created once per pattern and cached; a tensor made by
+        :meth:`with_values` gets the *same* Mat back, refilled in place with its
+        values (no rebuild).
+        """
+        from .petsc import to_petsc_mat
+        return to_petsc_mat(self, refill=refill)
+
+    def local_rows_csr(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Local. ``(indptr, global column indices, values)`` of the owned rows."""
+        return self._local.indptr, self._local.indices, self._local.values
+
+
+class _Transposed:
+    def __init__(self, A: DSparseTensor):
+        self._A = A
+
+    def __matmul__(self, y: torch.Tensor) -> torch.Tensor:
+        return self._A.rmatvec(y)
+
+    def matvec(self, y: torch.Tensor) -> torch.Tensor:
+        return self._A.rmatvec(y)

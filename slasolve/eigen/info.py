@@ -1,0 +1,68 @@
+"""Result record and error type of the eigensolvers (local, no communication)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["EigenInfo", "EigenConvergenceError"]
+
+
+@dataclass
+class EigenInfo:
+    """What an eigensolve did.
+
+    Attributes
+    ----------
+    converged:
+        Number of the ``k`` requested eigenpairs whose relative residual (below)
+        is ``<= tol``.
+    k:
+        Number of eigenpairs requested (and returned).
+    iterations:
+        Outer iterations: LOBPCG iterations, or Lanczos restarts (one restart =
+        one fill of the ``ncv``-vector basis).
+    residual_norms:
+        One value per returned pair, in the order of the returned eigenvalues
+        (ascending), computed from explicitly applied operators on the returned
+        vectors::
+
+            res_j = ||A v_j - w_j B v_j||_2 / (max(|w_j|, floor) * ||B v_j||_2)
+
+        with ``B = I`` for standard problems and
+        ``floor = 100 * eps * anorm / tol`` (``anorm`` = largest ``|Ritz value|``
+        seen, an estimate of ``||B^{-1} A||``). The ratio is invariant under
+        scaling of ``A``, of ``B`` and of ``v_j``; the floor keeps (near-)zero
+        eigenvalues from demanding a residual below rounding level, i.e. a pair
+        is converged when ``||r|| <= max(tol*|w|, 100*eps*anorm) * ||B v||``.
+    method, backend:
+        e.g. ``"lobpcg"`` / ``"torch"``.
+    setup_time, solve_time:
+        Seconds (wall clock, this rank).
+    matvecs:
+        Number of columns the operator ``A`` was applied to.
+    """
+
+    converged: int
+    k: int
+    iterations: int
+    residual_norms: list = field(default_factory=list)
+    method: str = ""
+    backend: str = ""
+    setup_time: float = 0.0
+    solve_time: float = 0.0
+    matvecs: int = 0
+
+    @property
+    def success(self) -> bool:
+        """True when all ``k`` requested pairs converged."""
+        return self.converged >= self.k
+
+
+class EigenConvergenceError(RuntimeError):
+    """Raised (by the caller, on every rank) when an eigensolve did not converge.
+
+    The :class:`EigenInfo` of the failed solve is available as ``.info``.
+    """
+
+    def __init__(self, message: str, info: EigenInfo | None = None):
+        super().__init__(message)
+        self.info = info

@@ -1,0 +1,21 @@
+"""Finite elements on distributed meshes (DESIGN.md section 7).
+
+* :mod:`slasolve.fem.elements` -- local, vectorised element kernels in torch
+  (all elements at once, differentiable in per-element coefficients):
+  :func:`stiffness`, :func:`mass`, :func:`load`, :func:`element_volume`,
+  :func:`elasticity_stiffness` for P1 triangles / tetrahedra and Q1 quads /
+  hexahedra (vertex orderings are documented there).
+* :mod:`slasolve.fem.mesh` -- :class:`Mesh` (each rank holds its owned cells, a
+  contiguous range of owned nodes and its ghost nodes), :func:`box_mesh`
+  (collective; generated in parallel, no global arrays), :func:`read_mesh`
+  (collective; meshio on rank 0 + partitioning), :func:`write_mesh`
+  (collective; one VTU piece per rank plus a ``.pvtu`` index, or gathered),
+  :func:`boundary_nodes` (local).
+"""
+from .elements import (CELL_TYPES, cell_dim, elasticity_stiffness, element_volume, infer_cell, load,
+                       mass, n_vertices, stiffness)
+from .mesh import Mesh, boundary_nodes, box_mesh, read_mesh, write_mesh
+
+__all__ = ["CELL_TYPES", "cell_dim", "n_vertices", "infer_cell", "stiffness", "mass", "load",
+           "element_volume", "elasticity_stiffness", "Mesh", "box_mesh", "boundary_nodes",
+           "read_mesh", "write_mesh"]

@@ -1,0 +1,355 @@
+"""Vectorised finite element kernels: all elements of a mesh at once, in torch.
+
+Every function here is **local** (no communication). Inputs are
+
+* ``coords``: a floating tensor ``(E, nv, dim)`` with the vertex coordinates of
+  ``E`` elements (float64 or float32; may require grad, e.g. for shape
+  optimisation);
+* per-element coefficients ``(E,)`` (a Python number or 0-d tensor is broadcast),
+  which may require grad: every kernel is differentiable in them.
+
+The result is a batch of dense element matrices ``(E, n, n)`` (or vectors
+``(E, n)``) in the dtype and on the device of ``coords``. There is no Python loop
+over elements; loops over quadrature points are inside ``einsum``.
+
+Cells and vertex ordering (the meshio / VTK conventions)
+--------------------------------------------------------
+``"triangle"`` (P1)
+    reference vertices (0,0), (1,0), (0,1): counter-clockwise, positive area.
+``"tetra"`` (P1)
+    reference vertices (0,0,0), (1,0,0), (0,1,0), (0,0,1): positive volume
+    (vertex 3 lies on the side of the face 0-1-2 that its normal
+    ``(x1-x0) x (x2-x0)`` points to).
+``"quad"`` (Q1, bilinear, 2x2 Gauss)
+    reference square [0,1]^2 with vertices counter-clockwise
+    (0,0), (1,0), (1,1), (0,1).
+``"hexahedron"`` (Q1, trilinear, 2x2x2 Gauss)
+    reference cube [0,1]^3, VTK order: bottom face counter-clockwise seen from
+    above, (0,0,0), (1,0,0), (1,1,0), (0,1,0), then the top face in the same order
+    (0,0,1), (1,0,1), (1,1,1), (0,1,1).
+
+``cell`` may be omitted: it is inferred from ``(nv, dim)`` (3,2) triangle,
+(4,2) quad, (4,3) tetra, (8,3) hexahedron.
+
+Elements whose Jacobian determinant is not positive (inverted, i.e. clockwise,
+or degenerate) raise ``ValueError`` naming how many there are and the first one.
+For Q1 elements the determinant is checked at the vertices and the quadrature
+points.
+
+Quadrature: stiffness uses the rule exact for affine geometry (1 point for
+simplices, 2^dim Gauss for Q1); mass and load use rules exact for P1/Q1 products
+(3-point triangle, 4-point tetra, 2x2 Gauss quad, 3x3x3 Gauss hexahedron).
+
+Elasticity: degrees of freedom are node-major, vertex ``i`` component ``d`` at
+local dof ``i*dim + d``. The material is isotropic; ``kind`` is
+``"plane_stress"`` or ``"plane_strain"`` in 2-D and ``"3d"`` in 3-D. With the
+quad's counter-clockwise order, the Q1 plane-stress matrix of the unit square
+equals the ``KE`` of the 88-line topology optimisation code (Andreassen et al.
+2011) entry by entry, with no permutation (their node order upper-left,
+upper-right, lower-right, lower-left with the y axis pointing down is the mirror
+image of ours, and an isotropic element matrix is invariant under that mirror).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Optional, Union
+
+import numpy as np
+import torch
+
+__all__ = ["CELL_TYPES", "cell_dim", "n_vertices", "infer_cell", "stiffness", "mass",
+           "load", "element_volume", "elasticity_stiffness"]
+
+Coef = Union[float, int, torch.Tensor]
+
+CELL_TYPES = ("triangle", "quad", "tetra", "hexahedron")
+_DIM = {"triangle": 2, "quad": 2, "tetra": 3, "hexahedron": 3}
+_NV = {"triangle": 3, "quad": 4, "tetra": 4, "hexahedron": 8}
+
+_QUAD_VERTS = np.array([[0, 0], [1, 0], [1, 1], [0, 1]], dtype=np.float64)
+_HEX_VERTS = np.array([[0, 0, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0],
+                       [0, 0, 1], [1, 0, 1], [1, 1, 1], [0, 1, 1]], dtype=np.float64)
+
+
+def cell_dim(cell: str) -> int:
+    """Local. Topological dimension of ``cell``."""
+    _check_cell(cell)
+    return _DIM[cell]
+
+
+def n_vertices(cell: str) -> int:
+    """Local. Number of vertices of ``cell``."""
+    _check_cell(cell)
+    return _NV[cell]
+
+
+def infer_cell(nv: int, dim: int) -> str:
+    """Local. The cell type with ``nv`` vertices in ``dim`` dimensions."""
+    for c in CELL_TYPES:
+        if _NV[c] == nv and _DIM[c] == dim:
+            return c
+    raise ValueError(f"cannot infer the cell type of elements with {nv} vertices in {dim}-D; "
+                     f"supported: {', '.join(f'{c} ({_NV[c]} vertices, {_DIM[c]}-D)' for c in CELL_TYPES)}")
+
+
+def _check_cell(cell) -> None:
+    if not isinstance(cell, str):
+        raise TypeError(f"cell must be a string, one of {CELL_TYPES}, got {type(cell).__name__}")
+    if cell not in _DIM:
+        raise ValueError(f"cell must be one of {CELL_TYPES}, got {cell!r}")
+
+
+# --------------------------------------------------------------------------- reference
+def _gauss_1d(n: int):
+    if n == 2:
+        a = 0.5 / math.sqrt(3.0)
+        return np.array([0.5 - a, 0.5 + a]), np.array([0.5, 0.5])
+    if n == 3:
+        a = 0.5 * math.sqrt(0.6)
+        return np.array([0.5 - a, 0.5, 0.5 + a]), np.array([5.0, 8.0, 5.0]) / 18.0
+    raise ValueError(n)
+
+
+def _tensor_rule(dim: int, n: int):
+    x, w = _gauss_1d(n)
+    pts = np.array(list(itertools.product(x, repeat=dim)))[:, ::-1]  # x fastest (cosmetic)
+    wts = np.array([np.prod(c) for c in itertools.product(w, repeat=dim)])
+    return np.ascontiguousarray(pts), wts
+
+
+def _rule(cell: str, kind: str):
+    """Quadrature (points (nq, dim), weights (nq,)) on the reference cell."""
+    if cell == "triangle":
+        if kind == "stiffness":
+            return np.array([[1 / 3, 1 / 3]]), np.array([0.5])
+        return np.array([[1 / 6, 1 / 6], [2 / 3, 1 / 6], [1 / 6, 2 / 3]]), np.full(3, 1 / 6)
+    if cell == "tetra":
+        if kind == "stiffness":
+            return np.array([[0.25, 0.25, 0.25]]), np.array([1 / 6])
+        a, b = 0.5854101966249685, 0.1381966011250105
+        return np.array([[b, b, b], [a, b, b], [b, a, b], [b, b, a]]), np.full(4, 1 / 24)
+    if cell == "quad":
+        return _tensor_rule(2, 2)
+    # hexahedron: 2x2x2 is exact for stiffness of parallelepipeds and for the
+    # volume; the mass needs 3x3x3 (trilinear * trilinear * quadratic det J)
+    return _tensor_rule(3, 2 if kind in ("stiffness", "volume") else 3)
+
+
+def _shape(cell: str, pts: np.ndarray):
+    """Shape functions N (nq, nv) and reference gradients dN (nq, nv, dim)."""
+    nq = pts.shape[0]
+    if cell in ("triangle", "tetra"):
+        d = pts.shape[1]
+        N = np.concatenate([1.0 - pts.sum(1, keepdims=True), pts], axis=1)
+        dN1 = np.concatenate([-np.ones((1, d)), np.eye(d)], axis=0)
+        return N, np.broadcast_to(dN1, (nq, d + 1, d)).copy()
+    verts = _QUAD_VERTS if cell == "quad" else _HEX_VERTS
+    # 1-D factors: f(x) = x for vertex coordinate 1, 1 - x for 0
+    f = np.where(verts[None] == 1, pts[:, None, :], 1.0 - pts[:, None, :])  # (nq, nv, dim)
+    df = np.where(verts[None] == 1, 1.0, -1.0) * np.ones_like(f)
+    N = f.prod(-1)
+    dim = pts.shape[1]
+    dN = np.empty_like(f)
+    for k in range(dim):
+        g = f.copy()
+        g[..., k] = df[..., k]
+        dN[..., k] = g.prod(-1)
+    return N, dN
+
+
+_CACHE: dict = {}
+
+
+def _reference(cell: str, kind: str, dtype, device):
+    key = (cell, kind, dtype, str(device))
+    if key not in _CACHE:
+        pts, w = _rule(cell, kind)
+        N, dN = _shape(cell, pts)
+        if cell in ("quad", "hexahedron"):
+            # also check det J at the vertices (the extreme values for a bilinear det)
+            verts = _QUAD_VERTS if cell == "quad" else _HEX_VERTS
+            _, dNv = _shape(cell, verts)
+            dNcheck = np.concatenate([dN, dNv], axis=0)
+        else:
+            dNcheck = dN[:1]
+        t = lambda a: torch.as_tensor(np.ascontiguousarray(a), dtype=dtype, device=device)  # noqa: E731
+        _CACHE[key] = (t(w), t(N), t(dN), t(dNcheck))
+    return _CACHE[key]
+
+
+# --------------------------------------------------------------------------- validation
+def _check_coords(coords, cell: Optional[str]) -> str:
+    if not isinstance(coords, torch.Tensor):
+        raise TypeError(f"coords must be a torch.Tensor of shape (E, nv, dim), got {type(coords).__name__}")
+    if not coords.is_floating_point():
+        raise TypeError(f"coords must be a floating tensor (float64 or float32), got {coords.dtype}")
+    if coords.dim() != 3:
+        raise ValueError(f"coords must have shape (E, nv, dim), got shape {tuple(coords.shape)}")
+    if cell is None:
+        cell = infer_cell(coords.shape[1], coords.shape[2])
+    _check_cell(cell)
+    if coords.shape[1] != _NV[cell] or coords.shape[2] != _DIM[cell]:
+        raise ValueError(f"coords must have shape (E, {_NV[cell]}, {_DIM[cell]}) for cell {cell!r}, "
+                         f"got {tuple(coords.shape)}")
+    if not bool(torch.isfinite(coords.detach()).all()):
+        raise ValueError("coords contains NaN or infinite values")
+    return cell
+
+
+def _coef(name: str, c: Coef, E: int, like: torch.Tensor) -> torch.Tensor:
+    if isinstance(c, bool) or not isinstance(c, (int, float, torch.Tensor)):
+        raise TypeError(f"{name} must be a number or a torch.Tensor of shape ({E},), got {type(c).__name__}")
+    if isinstance(c, torch.Tensor):
+        if c.dtype == torch.bool or c.is_complex():
+            raise TypeError(f"{name} must be a real tensor, got {c.dtype}")
+        if c.dim() == 0:
+            c = c.reshape(1).expand(E)
+        elif c.shape != (E,):
+            raise ValueError(f"{name} must have shape ({E},) (one value per element), got {tuple(c.shape)}")
+        if not bool(torch.isfinite(c.detach()).all()):
+            raise ValueError(f"{name} contains NaN or infinite values")
+        return c.to(dtype=like.dtype, device=like.device)
+    if not math.isfinite(float(c)):
+        raise ValueError(f"{name} must be finite, got {c}")
+    return torch.full((E,), float(c), dtype=like.dtype, device=like.device)
+
+
+def _jacobians(coords: torch.Tensor, dN: torch.Tensor) -> torch.Tensor:
+    # J[e, q, d, k] = d x_d / d xi_k
+    return torch.einsum("evd,qvk->eqdk", coords, dN)
+
+
+def _check_orientation(coords: torch.Tensor, cell: str, dNcheck: torch.Tensor) -> None:
+    if coords.shape[0] == 0:
+        return
+    with torch.no_grad():
+        det = torch.linalg.det(_jacobians(coords, dNcheck))  # (E, nq')
+        # relative tolerance: a degenerate element has det ~ 0 up to rounding
+        scale = (coords.amax(1) - coords.amin(1)).amax(-1) ** _DIM[cell]  # (E,)
+        tol = 64 * torch.finfo(coords.dtype).eps * scale
+        bad = (det <= tol[:, None]).any(1)
+        nbad = int(bad.sum())
+    if nbad:
+        first = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(f"{nbad} {cell} element(s) with non-positive Jacobian determinant "
+                         f"(inverted or degenerate); first is element {first} "
+                         f"(local index in coords), min det J = {float(det[first].min()):.3e}")
+
+
+def _geometry(coords: torch.Tensor, cell: str, kind: str):
+    """Weights w*detJ (E, nq), shape functions N (nq, nv), physical gradients (E, nq, nv, dim)."""
+    w, N, dN, dNcheck = _reference(cell, kind, coords.dtype, coords.device)
+    _check_orientation(coords, cell, dNcheck)
+    J = _jacobians(coords, dN)
+    det = torch.linalg.det(J)
+    Jinv = torch.linalg.inv(J)
+    # grad phi_v = J^{-T} grad_ref phi_v  ->  G[e,q,v,d] = sum_k dN[q,v,k] Jinv[e,q,k,d]
+    G = torch.einsum("qvk,eqkd->eqvd", dN, Jinv)
+    return det * w, N, G
+
+
+# --------------------------------------------------------------------------- kernels
+def element_volume(coords: torch.Tensor, cell: Optional[str] = None) -> torch.Tensor:
+    """Local. Area (2-D) or volume (3-D) of every element, shape ``(E,)``."""
+    cell = _check_coords(coords, cell)
+    w, _, dN, dNcheck = _reference(cell, "volume", coords.dtype, coords.device)
+    _check_orientation(coords, cell, dNcheck)
+    return (torch.linalg.det(_jacobians(coords, dN)) * w).sum(1)
+
+
+def stiffness(coords: torch.Tensor, kappa: Coef = 1.0, cell: Optional[str] = None) -> torch.Tensor:
+    """Local. Element matrices of ``∫ kappa ∇u·∇v``, shape ``(E, nv, nv)``.
+
+    ``kappa``: per-element coefficient ``(E,)`` (or a number); differentiable.
+    """
+    cell = _check_coords(coords, cell)
+    k = _coef("kappa", kappa, coords.shape[0], coords)
+    wdet, _, G = _geometry(coords, cell, "stiffness")
+    return torch.einsum("eq,eqid,eqjd->eij", wdet * k[:, None], G, G)
+
+
+def mass(coords: torch.Tensor, rho: Coef = 1.0, cell: Optional[str] = None) -> torch.Tensor:
+    """Local. Consistent mass matrices of ``∫ rho u v``, shape ``(E, nv, nv)``."""
+    cell = _check_coords(coords, cell)
+    r = _coef("rho", rho, coords.shape[0], coords)
+    wdet, N, _ = _geometry(coords, cell, "mass")
+    return torch.einsum("eq,qi,qj->eij", wdet * r[:, None], N, N)
+
+
+def load(coords: torch.Tensor, f_nodal: torch.Tensor, cell: Optional[str] = None) -> torch.Tensor:
+    """Local. Consistent load vectors ``∫ f v``, shape ``(E, nv)``.
+
+    ``f_nodal``: ``(E, nv)`` values of ``f`` at each element's vertices (``f`` is
+    interpolated with the element's own shape functions), or a number for a
+    constant ``f``. Differentiable in ``f_nodal``.
+    """
+    cell = _check_coords(coords, cell)
+    E, nv = coords.shape[0], coords.shape[1]
+    if isinstance(f_nodal, bool) or not isinstance(f_nodal, (int, float, torch.Tensor)):
+        raise TypeError(f"f_nodal must be a torch.Tensor of shape ({E}, {nv}) or a number, "
+                        f"got {type(f_nodal).__name__}")
+    if isinstance(f_nodal, torch.Tensor):
+        if f_nodal.dtype == torch.bool or f_nodal.is_complex():
+            raise TypeError(f"f_nodal must be a real tensor, got {f_nodal.dtype}")
+        if f_nodal.dim() == 0:
+            f_nodal = f_nodal.reshape(1, 1).expand(E, nv)
+        if f_nodal.shape != (E, nv):
+            raise ValueError(f"f_nodal must have shape ({E}, {nv}), got {tuple(f_nodal.shape)}")
+        if not bool(torch.isfinite(f_nodal.detach()).all()):
+            raise ValueError("f_nodal contains NaN or infinite values")
+        f = f_nodal.to(dtype=coords.dtype, device=coords.device)
+    else:
+        if not math.isfinite(float(f_nodal)):
+            raise ValueError(f"f_nodal must be finite, got {f_nodal}")
+        f = torch.full((E, nv), float(f_nodal), dtype=coords.dtype, device=coords.device)
+    M = mass(coords, 1.0, cell)
+    return torch.einsum("eij,ej->ei", M, f)
+
+
+def _lame(young: torch.Tensor, nu: torch.Tensor, kind: str):
+    mu = young / (2 * (1 + nu))
+    if kind == "plane_stress":
+        lam = young * nu / (1 - nu * nu)
+    else:  # plane strain and 3-D
+        lam = young * nu / ((1 + nu) * (1 - 2 * nu))
+    return lam, mu
+
+
+def elasticity_stiffness(coords: torch.Tensor, young: Coef, nu: Coef, cell: Optional[str] = None,
+                         kind: Optional[str] = None) -> torch.Tensor:
+    """Local. Isotropic linear elasticity element matrices ``(E, nv*dim, nv*dim)``.
+
+    ``∫ λ div u div v + 2 μ ε(u):ε(v)``, dofs node-major (vertex ``i``, component
+    ``d`` at ``i*dim + d``). ``young`` and ``nu``: numbers or ``(E,)`` tensors
+    (differentiable). ``kind``: ``"plane_stress"`` or ``"plane_strain"`` for 2-D
+    cells (required), ``"3d"`` for 3-D cells (the default there).
+    """
+    cell = _check_coords(coords, cell)
+    dim = _DIM[cell]
+    if kind is None:
+        if dim == 2:
+            raise ValueError("kind must be 'plane_stress' or 'plane_strain' for 2-D cells")
+        kind = "3d"
+    if not isinstance(kind, str) or kind not in ("plane_stress", "plane_strain", "3d"):
+        raise ValueError(f"kind must be 'plane_stress', 'plane_strain' or '3d', got {kind!r}")
+    if (dim == 2) != (kind != "3d"):
+        raise ValueError(f"kind={kind!r} does not fit the {dim}-D cell {cell!r}")
+    E = coords.shape[0]
+    Y = _coef("young", young, E, coords)
+    v = _coef("nu", nu, E, coords)
+    hi = 1.0 if kind == "plane_stress" else 0.5
+    if E and not bool(((v.detach() > -1) & (v.detach() < hi)).all()):
+        raise ValueError(f"nu must lie in (-1, {hi}) for kind={kind!r}")
+    lam, mu = _lame(Y, v, kind)
+    wdet, _, G = _geometry(coords, cell, "stiffness")
+    nv = coords.shape[1]
+    lw = wdet * lam[:, None]
+    mw = wdet * mu[:, None]
+    # K[i a, j b] = lam G_ia G_jb + mu (G_ib G_ja + delta_ab G_i.G_j)
+    K = torch.einsum("eq,eqia,eqjb->eiajb", lw, G, G)
+    K = K + torch.einsum("eq,eqib,eqja->eiajb", mw, G, G)
+    lap = torch.einsum("eq,eqic,eqjc->eij", mw, G, G)
+    eye = torch.eye(dim, dtype=coords.dtype, device=coords.device)
+    K = K + lap[:, :, None, :, None] * eye[None, None, :, None, :]
+    return K.reshape(E, nv * dim, nv * dim)

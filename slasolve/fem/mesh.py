@@ -1,0 +1,603 @@
+"""Distributed meshes: parallel structured boxes, meshio input and VTU output.
+
+Layout (the same for every mesh in slasolve)
+--------------------------------------------
+Global node ids are split into contiguous ownership ranges that increase with
+rank (PETSc's layout, and the row layout of the assembled ``DSparseTensor``):
+rank ``r`` owns global nodes ``owned_range = [start, end)``. Each rank holds
+
+* ``cells``: the cells it owns, as ``(n_local_cells, nv)`` *global* node ids;
+  every global cell is owned by exactly one rank;
+* ``node_ids``: the sorted global ids of every node it owns or that its cells
+  touch; the touched-but-not-owned ones are its ghosts (``ghost_node_ids()``);
+* ``node_coords``: their coordinates.
+
+No rank ever builds an array of global size in :func:`box_mesh`. :func:`read_mesh`
+reads on rank 0 and scatters, so it is for meshes that fit on one node.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from .._comm import check_collective, get_comm
+from .elements import CELL_TYPES, _DIM, _NV
+
+__all__ = ["Mesh", "box_mesh", "boundary_nodes", "read_mesh", "write_mesh"]
+
+
+@dataclass
+class Mesh:
+    """A distributed mesh: the part of it that this rank holds (see the module doc).
+
+    Attributes
+    ----------
+    comm : the communicator the mesh lives on.
+    cell_type : ``"triangle"``, ``"quad"``, ``"tetra"`` or ``"hexahedron"``
+        (vertex ordering as in :mod:`slasolve.fem.elements`).
+    dim : spatial dimension (= topological dimension).
+    cells : ``(n_local_cells, nv)`` int64 global node ids of the cells this rank owns.
+    node_ids : ``(n_nodes_local,)`` sorted int64 global ids of the owned nodes and
+        of every node touched by the local cells.
+    node_coords : ``(n_nodes_local, dim)`` coordinates of ``node_ids``.
+    owned_range : ``(start, end)``, this rank owns global nodes ``[start, end)``.
+    n_global_nodes, n_global_cells : global sizes.
+    boundary_mask : ``(n_nodes_local,)`` bool, True for nodes on the boundary of
+        the domain (box faces, or facets belonging to a single cell for meshes
+        read from a file), or ``None`` if unknown.
+    original_ids : for :func:`read_mesh`, the index in the file's point array of
+        each node in ``node_ids``; ``None`` for generated meshes.
+    """
+
+    comm: MPI.Comm
+    cell_type: str
+    dim: int
+    cells: torch.Tensor
+    node_ids: torch.Tensor
+    node_coords: torch.Tensor
+    owned_range: Tuple[int, int]
+    n_global_nodes: int
+    n_global_cells: int
+    boundary_mask: Optional[torch.Tensor] = None
+    original_ids: Optional[torch.Tensor] = field(default=None, repr=False)
+
+    # ---- local queries (no communication)
+    @property
+    def n_owned(self) -> int:
+        """Local. Number of owned nodes, ``end - start``."""
+        return self.owned_range[1] - self.owned_range[0]
+
+    @property
+    def n_local_cells(self) -> int:
+        return int(self.cells.shape[0])
+
+    def _owned_slice(self) -> slice:
+        s, e = self.owned_range
+        i0 = int(torch.searchsorted(self.node_ids, torch.tensor(s, dtype=torch.int64)))
+        return slice(i0, i0 + (e - s))
+
+    def local_cells(self) -> torch.Tensor:
+        """Local. ``cells`` with node ids replaced by positions in ``node_ids``."""
+        return torch.searchsorted(self.node_ids, self.cells)
+
+    def local_cell_coords(self) -> torch.Tensor:
+        """Local. ``(n_local_cells, nv, dim)`` vertex coordinates of the local cells."""
+        return self.node_coords[self.local_cells()]
+
+    def owned_node_coords(self) -> torch.Tensor:
+        """Local. ``(end - start, dim)`` coordinates of the owned nodes, in id order."""
+        return self.node_coords[self._owned_slice()]
+
+    def ghost_node_ids(self) -> torch.Tensor:
+        """Local. Sorted global ids of the nodes touched by local cells but not owned."""
+        s, e = self.owned_range
+        return self.node_ids[(self.node_ids < s) | (self.node_ids >= e)]
+
+    def owned_mask(self) -> torch.Tensor:
+        """Local. ``(n_nodes_local,)`` bool, True where ``node_ids`` is owned."""
+        s, e = self.owned_range
+        return (self.node_ids >= s) & (self.node_ids < e)
+
+
+# --------------------------------------------------------------------------- box meshes
+def _balanced_split(n: int, size: int) -> np.ndarray:
+    """PETSc-style split of ``n`` items over ``size`` ranks: the first ``n % size`` get one more."""
+    r = np.arange(size + 1)
+    return r * (n // size) + np.minimum(r, n % size)
+
+
+def _kuhn_tets() -> np.ndarray:
+    """The 6 Kuhn (Freudenthal) tetrahedra of the unit cube, as cube-vertex bit patterns,
+    each positively oriented. Vertex (a,b,c) is coded a + 2b + 4c."""
+    import itertools
+
+    tets = []
+    for p in itertools.permutations(range(3)):
+        v = np.zeros(3, dtype=np.int64)
+        path = [v.copy()]
+        for ax in p:
+            v[ax] = 1
+            path.append(v.copy())
+        P = np.array(path, dtype=np.float64)
+        if np.linalg.det((P[1:] - P[0]).T) < 0:
+            path[2], path[3] = path[3], path[2]
+        tets.append([int(q[0] + 2 * q[1] + 4 * q[2]) for q in path])
+    return np.array(tets, dtype=np.int64)
+
+
+_KUHN = _kuhn_tets()
+# cube / square vertices (bit patterns a + 2b (+ 4c)) in VTK order
+_QUAD_BITS = np.array([0, 1, 3, 2])
+_HEX_BITS = np.array([0, 1, 3, 2, 4, 5, 7, 6])
+_TRI_BITS = np.array([[0, 1, 3], [0, 3, 2]])  # both counter-clockwise, diagonal 0-3
+_CELLS_PER_BOX = {"triangle": 2, "quad": 1, "tetra": 6, "hexahedron": 1}
+
+
+def box_mesh(n: Union[int, Sequence[int]], lower: Optional[Sequence[float]] = None,
+             upper: Optional[Sequence[float]] = None, cell: str = "triangle",
+             comm: Optional[MPI.Comm] = None, dtype: torch.dtype = torch.float64) -> Mesh:
+    """Collective. Structured mesh of the box ``[lower, upper]`` with ``n`` cells per axis.
+
+    ``cell``: ``"triangle"`` / ``"quad"`` (2-D) or ``"tetra"`` / ``"hexahedron"`` (3-D).
+    ``n``: an int (same on every axis) or one int per axis. ``lower``/``upper``
+    default to the unit box.
+
+    Nodes are numbered lexicographically, x fastest. The box is cut into slabs of
+    cell layers along the last axis: with the balanced split ``c_0 = 0 < c_1 < ...
+    < c_size = n[-1]`` (the first ``n[-1] % size`` ranks get one layer more), rank
+    ``r`` owns the cell layers and node layers ``[c_r, c_{r+1})``, the last rank
+    also the final node layer; its ghosts are the node layer ``c_{r+1}``. Each rank
+    generates only its slab. Squares are cut into 2 triangles along the diagonal
+    from the low corner, cubes into the 6 Kuhn tetrahedra (conforming); every
+    cell is positively oriented. Raises ``ValueError`` (on every rank) if
+    ``n[-1] < comm.size``.
+    """
+    comm = get_comm(comm)
+    if not isinstance(cell, str) or cell not in _DIM:
+        raise ValueError(f"cell must be one of {CELL_TYPES}, got {cell!r}")
+    dim = _DIM[cell]
+    if isinstance(n, (int, np.integer)) and not isinstance(n, bool):
+        shape = (int(n),) * dim
+    else:
+        try:
+            shape = tuple(int(v) for v in n)
+        except TypeError:
+            raise TypeError(f"n must be an int or a sequence of {dim} ints, got {type(n).__name__}") from None
+        if len(shape) != dim:
+            raise ValueError(f"n must have {dim} entries for cell {cell!r}, got {len(shape)}")
+    if min(shape) < 1:
+        raise ValueError(f"n must be positive, got {shape}")
+    lo = np.zeros(dim) if lower is None else np.asarray(lower, dtype=np.float64).reshape(-1)
+    hi = np.ones(dim) if upper is None else np.asarray(upper, dtype=np.float64).reshape(-1)
+    if lo.shape != (dim,) or hi.shape != (dim,):
+        raise ValueError(f"lower and upper must have {dim} entries, got {lo.shape[0]} and {hi.shape[0]}")
+    if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(hi > lo)):
+        raise ValueError(f"need finite lower < upper on every axis, got lower={lo.tolist()}, upper={hi.tolist()}")
+    if dtype not in (torch.float64, torch.float32):
+        raise TypeError(f"dtype must be torch.float64 or torch.float32, got {dtype}")
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if shape[-1] < size:
+        raise ValueError(f"box_mesh: n[-1]={shape[-1]} cell layers cannot be split over {size} ranks "
+                         f"(need n[-1] >= comm.size)")
+
+    nn = np.array(shape) + 1                       # nodes per axis
+    L = int(np.prod(nn[:-1]))                      # nodes per node layer
+    c = _balanced_split(shape[-1], size)
+    c0, c1 = int(c[rank]), int(c[rank + 1])
+    last = rank == size - 1
+    owned = (c0 * L, (c1 + (1 if last else 0)) * L)
+
+    # touched nodes: node layers [c0, c1] (contiguous ids, already sorted)
+    node_ids = np.arange(c0 * L, (c1 + 1) * L, dtype=np.int64)
+    rem = node_ids.copy()
+    idx = np.empty((node_ids.size, dim), dtype=np.int64)
+    for d in range(dim):
+        idx[:, d] = rem % nn[d]
+        rem //= nn[d]
+    coords = lo + (hi - lo) * (idx / np.array(shape, dtype=np.float64))
+    # exact box faces (avoid rounding at upper)
+    coords = np.where(idx == np.array(shape), hi, coords)
+    boundary = ((idx == 0) | (idx == np.array(shape))).any(axis=1)
+
+    # cells: base node of every box in the slab, x fastest
+    ranges = [np.arange(s, dtype=np.int64) for s in shape[:-1]] + [np.arange(c0, c1, dtype=np.int64)]
+    grids = np.meshgrid(*ranges[::-1], indexing="ij")[::-1]    # last axis slowest
+    strides = np.concatenate([[1], np.cumprod(nn[:-1])]).astype(np.int64)
+    base = sum(g.reshape(-1) * strides[d] for d, g in enumerate(grids))
+    bits = np.arange(2 ** dim)
+    corner = sum(((bits >> d) & 1) * strides[d] for d in range(dim))   # offset of each bit pattern
+    pattern = {"triangle": _TRI_BITS, "quad": _QUAD_BITS[None], "tetra": _KUHN,
+               "hexahedron": _HEX_BITS[None]}[cell]
+    cells = (base[:, None, None] + corner[pattern][None]).reshape(-1, _NV[cell])
+
+    return Mesh(comm=comm, cell_type=cell, dim=dim,
+                cells=torch.from_numpy(np.ascontiguousarray(cells)),
+                node_ids=torch.from_numpy(node_ids),
+                node_coords=torch.from_numpy(coords).to(dtype),
+                owned_range=(int(owned[0]), int(owned[1])),
+                n_global_nodes=int(np.prod(nn)),
+                n_global_cells=int(np.prod(shape)) * _CELLS_PER_BOX[cell],
+                boundary_mask=torch.from_numpy(boundary))
+
+
+def boundary_nodes(mesh: Mesh, where: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+    """Local. Sorted global ids of the *owned* nodes on the domain boundary.
+
+    ``where``: optional vectorised predicate, called with a ``(k, dim)`` tensor of
+    coordinates and returning a ``(k,)`` bool tensor, e.g.
+    ``lambda x: x[:, 0] < 1e-12`` for the face ``x = 0``.
+    """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a Mesh, got {type(mesh).__name__}")
+    if mesh.boundary_mask is None:
+        raise ValueError("this mesh has no boundary information (boundary_mask is None)")
+    sel = mesh.boundary_mask & mesh.owned_mask()
+    ids = mesh.node_ids[sel]
+    if where is not None:
+        keep = where(mesh.node_coords[sel])
+        if not isinstance(keep, torch.Tensor):
+            keep = torch.as_tensor(np.asarray(keep))
+        keep = keep.reshape(-1)
+        if keep.dtype != torch.bool or keep.shape[0] != ids.shape[0]:
+            raise ValueError(f"where must return a ({ids.shape[0]},) bool tensor, got "
+                             f"{keep.dtype} of shape {tuple(keep.shape)}")
+        ids = ids[keep]
+    return ids
+
+
+# --------------------------------------------------------------------------- meshio input
+_MESHIO_DIM = {"vertex": 0, "line": 1, "line3": 1, "triangle": 2, "triangle6": 2, "quad": 2,
+               "quad8": 2, "quad9": 2, "polygon": 2, "tetra": 3, "tetra10": 3, "hexahedron": 3,
+               "hexahedron20": 3, "hexahedron27": 3, "wedge": 3, "wedge15": 3, "pyramid": 3,
+               "pyramid13": 3, "polyhedron": 3}
+# facets (for boundary detection) of each supported cell, in local vertex indices
+_FACETS = {
+    "triangle": [[0, 1], [1, 2], [2, 0]],
+    "quad": [[0, 1], [1, 2], [2, 3], [3, 0]],
+    "tetra": [[0, 1, 2], [0, 1, 3], [0, 2, 3], [1, 2, 3]],
+    "hexahedron": [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 5, 4], [1, 2, 6, 5], [2, 3, 7, 6], [3, 0, 4, 7]],
+}
+# reverses the orientation of a cell
+_FLIP = {"triangle": [0, 2, 1], "quad": [0, 3, 2, 1], "tetra": [0, 2, 1, 3],
+         "hexahedron": [0, 3, 2, 1, 4, 7, 6, 5]}
+
+
+def _signed_measure(points: np.ndarray, cells: np.ndarray, cell: str) -> np.ndarray:
+    """Sign-carrying size of each cell (determinant at vertex 0 along its edges)."""
+    x0 = points[cells[:, 0]]
+    if cell in ("triangle", "tetra"):
+        J = np.stack([points[cells[:, k]] - x0 for k in range(1, _DIM[cell] + 1)], axis=-1)
+    elif cell == "quad":
+        J = np.stack([points[cells[:, 1]] - x0, points[cells[:, 3]] - x0], axis=-1)
+    else:
+        J = np.stack([points[cells[:, 1]] - x0, points[cells[:, 3]] - x0, points[cells[:, 4]] - x0], axis=-1)
+    return np.linalg.det(J)
+
+
+def _boundary_points(cells: np.ndarray, cell: str, n_points: int) -> np.ndarray:
+    facets = np.concatenate([cells[:, f] for f in _FACETS[cell]], axis=0)
+    key = np.sort(facets, axis=1)
+    _, inv, counts = np.unique(key, axis=0, return_inverse=True, return_counts=True)
+    once = counts[inv.reshape(-1)] == 1
+    mask = np.zeros(n_points, dtype=bool)
+    mask[facets[once].reshape(-1)] = True
+    return mask
+
+
+def _node_graph(cells: np.ndarray, n: int):
+    import scipy.sparse as sp
+
+    nv = cells.shape[1]
+    r = np.repeat(cells, nv, axis=1).reshape(-1)
+    c = np.tile(cells, (1, nv)).reshape(-1)
+    G = sp.csr_matrix((np.ones(r.size), (r, c)), shape=(n, n))
+    G.sum_duplicates()
+    return G
+
+
+def _partition_nodes(cells: np.ndarray, points: np.ndarray, nparts: int, method: str) -> np.ndarray:
+    """Part of every node (rank 0 only)."""
+    n = points.shape[0]
+    if nparts == 1:
+        return np.zeros(n, dtype=np.int64)
+    if method in ("block", "contiguous"):
+        return (np.searchsorted(_balanced_split(n, nparts), np.arange(n), side="right") - 1).astype(np.int64)
+    G = _node_graph(cells, n)
+    try:
+        from ..partition import partition as _partition
+    except ImportError:
+        _partition = None
+    if _partition is not None:
+        return np.asarray(_partition(G, nparts, method, coords=points).parts, dtype=np.int64)
+    if method != "metis":
+        raise ValueError(f"partition method {method!r} needs slasolve.partition (not available)")
+    import pymetis
+
+    G.setdiag(0)
+    G.eliminate_zeros()
+    _, parts = pymetis.part_graph(nparts, xadj=G.indptr, adjncy=G.indices)
+    return np.asarray(parts, dtype=np.int64)
+
+
+def _read_and_distribute(path, size: int, partition: str):
+    """Rank 0: read, clean up, partition and split the mesh into one payload per rank."""
+    import meshio
+
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"read_mesh: no such file: {path!r}")
+    try:
+        m = meshio.read(path)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - meshio raises many types (even SystemExit)
+        raise ValueError(f"read_mesh: cannot read {path!r}: {type(e).__name__}: {e}") from None
+    blocks = [(b.type, np.asarray(b.data)) for b in m.cells if len(b.data)]
+    if not blocks:
+        raise ValueError(f"read_mesh: {path!r} contains no cells")
+    tdim = max(_MESHIO_DIM.get(t, -1) for t, _ in blocks)
+    types = sorted({t for t, _ in blocks if _MESHIO_DIM.get(t, -1) == tdim})
+    if len(types) != 1 or types[0] not in _DIM:
+        raise ValueError(f"read_mesh: the highest-dimensional cells of {path!r} are {types}; "
+                         f"supported: one of {CELL_TYPES}")
+    cell = types[0]
+    dim = _DIM[cell]
+    cells = np.concatenate([d for t, d in blocks if t == cell]).astype(np.int64)
+    points = np.asarray(m.points, dtype=np.float64)
+    if points.ndim != 2 or points.shape[1] < dim:
+        raise ValueError(f"read_mesh: {path!r} has {points.shape[-1]}-D points for {dim}-D {cell} cells")
+    if points.shape[1] > dim:
+        extra = points[:, dim:]
+        if np.any(extra != extra[:1]):
+            raise ValueError(f"read_mesh: {path!r} has {cell} cells embedded in {points.shape[1]}-D "
+                             f"(not flat); only flat meshes are supported")
+        points = points[:, :dim]
+    if cells.min() < 0 or cells.max() >= points.shape[0]:
+        raise ValueError(f"read_mesh: {path!r} has cells referring to missing points")
+    if not np.all(np.isfinite(points)):
+        raise ValueError(f"read_mesh: {path!r} has non-finite point coordinates")
+    # keep only the points used by these cells
+    used = np.unique(cells)
+    n = used.size
+    if n < size:
+        raise ValueError(f"read_mesh: {n} nodes cannot be split over {size} ranks")
+    cells = np.searchsorted(used, cells)
+    points = points[used]
+    # positive orientation
+    neg = _signed_measure(points, cells, cell) < 0
+    cells[neg] = cells[neg][:, _FLIP[cell]]
+    boundary = _boundary_points(cells, cell, n)
+
+    parts = _partition_nodes(cells, points, size, partition)
+    if parts.shape != (n,) or parts.min() < 0 or parts.max() >= size:
+        raise ValueError(f"read_mesh: partitioner returned invalid parts (shape {parts.shape})")
+    perm = np.argsort(parts, kind="stable")          # new -> old
+    iperm = np.empty(n, dtype=np.int64)
+    iperm[perm] = np.arange(n)
+    offsets = np.concatenate([[0], np.cumsum(np.bincount(parts, minlength=size))]).astype(np.int64)
+    new_cells = iperm[cells]
+    owner = np.searchsorted(offsets, new_cells.min(axis=1), side="right") - 1
+    order = np.argsort(owner, kind="stable")
+    cell_off = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=size))])
+    payloads = []
+    for r in range(size):
+        cr = new_cells[order[cell_off[r]:cell_off[r + 1]]]
+        ids = np.union1d(np.arange(offsets[r], offsets[r + 1]), cr.reshape(-1)).astype(np.int64)
+        old = perm[ids]
+        payloads.append(dict(cells=cr, node_ids=ids, coords=points[old], boundary=boundary[old],
+                             original=used[old], owned=(int(offsets[r]), int(offsets[r + 1]))))
+    meta = dict(cell=cell, dim=dim, n_nodes=int(n), n_cells=int(cells.shape[0]))
+    return meta, payloads
+
+
+def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, partition: str = "metis",
+              dtype: torch.dtype = torch.float64) -> Mesh:
+    """Collective. Read a mesh with meshio on rank 0 and distribute it.
+
+    Rank 0 reads the file (only ``path`` on rank 0 is used) and keeps the block(s)
+    of the highest-dimensional cell type (one of ``triangle``, ``quad``, ``tetra``,
+    ``hexahedron``); points not used by those cells are dropped, and flat 2-D
+    meshes stored with 3-D points lose the constant z. Cells are reoriented to
+    positive orientation. Nodes are partitioned with ``partition`` (a method of
+    :func:`slasolve.partition.partition`: ``"metis"``, ``"rcb"``, ``"hilbert"``,
+    or ``"block"`` / ``"contiguous"`` to keep the file order) and renumbered so each rank owns a contiguous range; each
+    cell goes to the owner of its smallest (renumbered) node id. Cells and the
+    coordinates each rank needs are scattered from rank 0.
+
+    The whole mesh is held on rank 0 while reading: this path is for meshes
+    that fit in one node's memory (use :func:`box_mesh` for generated meshes of
+    any size). A missing file raises ``FileNotFoundError``, an unreadable or
+    unsupported one ``ValueError``, on every rank.
+    ``mesh.original_ids`` gives each local node's index in the file's points.
+    """
+    comm = get_comm(comm)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    result, err = None, None
+    if rank == 0:
+        try:
+            result = _read_and_distribute(path, size, partition)
+        except Exception as e:  # noqa: BLE001 - broadcast to every rank below
+            err = e
+    if size > 1:
+        info = comm.bcast(None if err is None else (type(err).__name__, str(err)), root=0)
+        if info is not None:
+            if err is not None:
+                raise err
+            exc = {"FileNotFoundError": FileNotFoundError, "TypeError": TypeError,
+                   "ImportError": ImportError}.get(info[0], ValueError)
+            raise exc(info[1] + " (raised on rank 0)")
+        meta = comm.bcast(result[0] if rank == 0 else None, root=0)
+        mine = comm.scatter(result[1] if rank == 0 else None, root=0)
+    else:
+        if err is not None:
+            raise err
+        meta, (mine,) = result
+    return Mesh(comm=comm, cell_type=meta["cell"], dim=meta["dim"],
+                cells=torch.from_numpy(np.ascontiguousarray(mine["cells"], dtype=np.int64)),
+                node_ids=torch.from_numpy(mine["node_ids"]),
+                node_coords=torch.from_numpy(np.ascontiguousarray(mine["coords"])).to(dtype),
+                owned_range=mine["owned"], n_global_nodes=meta["n_nodes"], n_global_cells=meta["n_cells"],
+                boundary_mask=torch.from_numpy(mine["boundary"]),
+                original_ids=torch.from_numpy(mine["original"].astype(np.int64)))
+
+
+# --------------------------------------------------------------------------- VTU output
+_VTK_TYPES = {np.dtype(np.float64): "Float64", np.dtype(np.float32): "Float32",
+              np.dtype(np.int64): "Int64", np.dtype(np.int32): "Int32", np.dtype(np.int8): "Int8",
+              np.dtype(np.uint8): "UInt8", np.dtype(np.uint32): "UInt32", np.dtype(np.uint64): "UInt64",
+              np.dtype(np.int16): "Int16", np.dtype(np.uint16): "UInt16"}
+
+
+def _np(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
+    a = np.ascontiguousarray(np.asarray(x))
+    if a.dtype == np.bool_:
+        a = a.astype(np.uint8)
+    return a
+
+
+def _fetch_ghosts(mesh: Mesh, owned_values: np.ndarray) -> np.ndarray:
+    """Collective. Values on all of ``node_ids`` from values on the owned nodes (point-to-point
+    via one alltoall of requests and one of replies; I/O helper, not a performance path)."""
+    comm = mesh.comm
+    size = comm.Get_size()
+    s, e = mesh.owned_range
+    out = np.empty((mesh.node_ids.shape[0],) + owned_values.shape[1:], dtype=owned_values.dtype)
+    ids = mesh.node_ids.numpy()
+    om = mesh.owned_mask().numpy()
+    out[om] = owned_values
+    if size == 1:
+        return out
+    starts = np.asarray(comm.allgather(s), dtype=np.int64)
+    ghosts = ids[~om]
+    owner = np.searchsorted(starts, ghosts, side="right") - 1
+    requests = [ghosts[owner == r] for r in range(size)]
+    asked = comm.alltoall(requests)
+    replies = comm.alltoall([owned_values[a - s] for a in asked])
+    gvals = np.empty((ghosts.size,) + owned_values.shape[1:], dtype=owned_values.dtype)
+    for r in range(size):
+        gvals[owner == r] = replies[r]
+    out[~om] = gvals
+    return out
+
+
+def _pvtu_xml(piece_names, points_dtype, point_data, cell_data) -> str:
+    def arrays(data, tag):
+        lines = []
+        for name, a in data.items():
+            ncomp = 1 if a.ndim == 1 else int(np.prod(a.shape[1:]))
+            lines.append(f'      <PDataArray type="{_VTK_TYPES[a.dtype]}" Name="{name}" '
+                         f'NumberOfComponents="{ncomp}"/>')
+        return [f"    <{tag}>"] + lines + [f"    </{tag}>"]
+
+    out = ['<?xml version="1.0"?>',
+           '<VTKFile type="PUnstructuredGrid" version="0.1" byte_order="LittleEndian">',
+           '  <PUnstructuredGrid GhostLevel="0">']
+    out += arrays(point_data, "PPointData")
+    out += arrays(cell_data, "PCellData")
+    out += ["    <PPoints>",
+            f'      <PDataArray type="{_VTK_TYPES[np.dtype(points_dtype)]}" NumberOfComponents="3"/>',
+            "    </PPoints>"]
+    out += [f'    <Piece Source="{p}"/>' for p in piece_names]
+    out += ["  </PUnstructuredGrid>", "</VTKFile>", ""]
+    return "\n".join(out)
+
+
+def write_mesh(path: Union[str, os.PathLike], mesh: Mesh,
+               point_data: Optional[Dict[str, Union[torch.Tensor, np.ndarray]]] = None,
+               cell_data: Optional[Dict[str, Union[torch.Tensor, np.ndarray]]] = None,
+               gather: bool = False) -> str:
+    """Collective. Write the distributed mesh and its data for ParaView.
+
+    ``point_data``: name -> array whose first dimension is either the number of
+    owned nodes (``mesh.n_owned``; ghost values are fetched from their owners)
+    or ``len(mesh.node_ids)``. ``cell_data``: name -> ``(n_local_cells, ...)``.
+    Every piece also carries the point array ``global_id`` and the cell array
+    ``rank``.
+
+    ``gather=False`` (default): each rank writes ``<stem>_<rank>.vtu`` (its cells
+    and ghost layer) next to ``<stem>.pvtu``, which rank 0 writes; ``path`` names
+    the ``.pvtu`` (its suffix is replaced by ``.pvtu``). ``gather=True``: the mesh
+    is gathered to rank 0 and written to ``path`` in any meshio format (this needs
+    the whole mesh in rank 0's memory). Returns the path of the written index /
+    file (on every rank). Errors in the data raise on every rank.
+    """
+    import meshio
+
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a Mesh, got {type(mesh).__name__}")
+    comm = mesh.comm
+    rank, size = comm.Get_rank(), comm.Get_size()
+    path = os.fspath(path)
+    n_loc, n_own, n_cells = mesh.node_ids.shape[0], mesh.n_owned, mesh.n_local_cells
+    pdata, cdata, err = {}, {}, None
+    try:
+        for name, v in (point_data or {}).items():
+            a = _np(v)
+            if a.ndim == 0 or a.shape[0] not in (n_loc, n_own):
+                raise ValueError(f"point_data[{name!r}] must have first dimension {n_own} (owned nodes) or "
+                                 f"{n_loc} (local nodes), got shape {a.shape}")
+            pdata[name] = a
+        for name, v in (cell_data or {}).items():
+            a = _np(v)
+            if a.ndim == 0 or a.shape[0] != n_cells:
+                raise ValueError(f"cell_data[{name!r}] must have first dimension {n_cells}, got shape {a.shape}")
+            cdata[name] = a
+    except Exception as e:  # noqa: BLE001
+        err = e
+    check_collective(comm, err)
+    # every rank must agree on which arrays exist (otherwise the fetch below would hang)
+    names = (tuple(sorted(pdata)), tuple(sorted(cdata)))
+    if size > 1 and any(x != names for x in comm.allgather(names)):
+        raise ValueError("write_mesh: point_data / cell_data names differ between ranks")
+    # first dimension: owned vs local must be decided collectively when sizes coincide
+    om = mesh.owned_mask().numpy()
+    for name in sorted(pdata):
+        a = pdata[name]
+        is_owned = a.shape[0] == n_own and n_own != n_loc
+        any_owned = comm.allreduce(int(is_owned), op=MPI.MAX) if size > 1 else int(is_owned)
+        if any_owned:
+            pdata[name] = _fetch_ghosts(mesh, a if a.shape[0] == n_own else a[om])
+    pdata["global_id"] = mesh.node_ids.numpy().astype(np.int64)
+    cdata["rank"] = np.full(n_cells, rank, dtype=np.int32)
+    coords = mesh.node_coords.detach().cpu().numpy().astype(np.float64)
+    pts = np.zeros((coords.shape[0], 3))
+    pts[:, :mesh.dim] = coords
+    local_cells = mesh.local_cells().numpy()
+
+    if gather:
+        own_pts = comm.gather(pts[om], root=0)
+        own_pd = {k: comm.gather(v[om], root=0) for k, v in sorted(pdata.items())}
+        all_cells = comm.gather(mesh.cells.numpy(), root=0)
+        all_cd = {k: comm.gather(v, root=0) for k, v in sorted(cdata.items())}
+        err = None
+        if rank == 0:
+            try:
+                meshio.write(path, meshio.Mesh(
+                    np.concatenate(own_pts), [(mesh.cell_type, np.concatenate(all_cells))],
+                    point_data={k: np.concatenate(v) for k, v in own_pd.items()},
+                    cell_data={k: [np.concatenate(v)] for k, v in all_cd.items()}))
+            except Exception as e:  # noqa: BLE001
+                err = e
+        check_collective(comm, err)
+        return path
+
+    stem = path[:-len(".pvtu")] if path.endswith(".pvtu") else os.path.splitext(path)[0]
+    index = stem + ".pvtu"
+    piece = f"{stem}_{rank:04d}.vtu"
+    err = None
+    try:
+        meshio.write(piece, meshio.Mesh(pts, [(mesh.cell_type, local_cells)], point_data=pdata,
+                                        cell_data={k: [v] for k, v in cdata.items()}), binary=True)
+        if rank == 0:
+            names = [os.path.basename(f"{stem}_{r:04d}.vtu") for r in range(size)]
+            with open(index, "w") as fh:
+                fh.write(_pvtu_xml(names, np.float64, pdata, cdata))
+    except Exception as e:  # noqa: BLE001
+        err = e
+    check_collective(comm, err)
+    return index

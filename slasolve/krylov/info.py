@@ -1,0 +1,92 @@
+"""Solver result record (:class:`SolveInfo`) and :class:`ConvergenceError`.
+
+Reason strings are the names of PETSc's ``KSPConvergedReason`` values, so a
+result reads the same whether it came from the PETSc or the torch backend.
+Everything here is local (no communication).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: converged reasons (PETSc names)
+CONVERGED_REASONS = (
+    "CONVERGED_RTOL",
+    "CONVERGED_ATOL",
+    "CONVERGED_ITS",  # unused by the torch kernels (PETSc's KSPPREONLY)
+    "CONVERGED_RTOL_NORMAL",
+    "CONVERGED_ATOL_NORMAL",
+    "CONVERGED_HAPPY_BREAKDOWN",
+)
+#: diverged reasons (PETSc names)
+DIVERGED_REASONS = (
+    "DIVERGED_NULL",
+    "DIVERGED_ITS",
+    "DIVERGED_DTOL",
+    "DIVERGED_BREAKDOWN",
+    "DIVERGED_BREAKDOWN_BICG",
+    "DIVERGED_NONSYMMETRIC",
+    "DIVERGED_INDEFINITE_PC",
+    "DIVERGED_NANORINF",
+    "DIVERGED_INDEFINITE_MAT",
+    "DIVERGED_PC_FAILED",
+)
+#: every reason string a SolveInfo may carry ("CONVERGED_ITERATING" = not finished)
+REASONS = CONVERGED_REASONS + DIVERGED_REASONS + ("CONVERGED_ITERATING",)
+
+
+@dataclass
+class SolveInfo:
+    """Outcome of one linear solve.
+
+    ``iterations`` counts Krylov iterations as PETSc does (the residual of
+    the initial guess is iteration 0 and is not counted).
+    ``residual_norm`` is the unpreconditioned 2-norm ``||b - A x||`` (as
+    tracked by the method's recurrence) at exit; ``residual_history`` is
+    filled when the solver was asked to record it, entry 0 being the initial
+    residual and entry ``k`` the residual after iteration ``k``.
+    ``setup_time``/``solve_time`` are wall-clock seconds.
+    """
+
+    converged: bool
+    reason: str
+    iterations: int
+    residual_norm: float
+    residual_history: list[float] | None = None
+    setup_time: float = 0.0
+    solve_time: float = 0.0
+    method: str = ""
+    backend: str = ""
+    rtol: float = 0.0
+    atol: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.reason not in REASONS:
+            raise ValueError(f"SolveInfo: unknown reason {self.reason!r}")
+
+    def summary(self) -> str:
+        """One line: method, backend, reason, iterations, residual."""
+        where = f"{self.method}" + (f" ({self.backend})" if self.backend else "")
+        return (f"{where or 'solve'}: {self.reason} after {self.iterations} "
+                f"iterations, residual norm {self.residual_norm:.3e} "
+                f"(rtol={self.rtol:g}, atol={self.atol:g})")
+
+
+class ConvergenceError(RuntimeError):
+    """Raised (on every rank) when a solve did not converge.
+
+    The :class:`SolveInfo` of the failed solve is available as ``.info``.
+    """
+
+    def __init__(self, info: SolveInfo, message: str | None = None):
+        self.info = info
+        if message is None:
+            message = (f"{info.method or 'solve'} did not converge: "
+                       f"{info.reason} after {info.iterations} iterations, "
+                       f"residual norm {info.residual_norm:.3e}"
+                       f" (rtol={info.rtol:g}, atol={info.atol:g}"
+                       + (f", backend={info.backend}" if info.backend else "")
+                       + ")")
+        super().__init__(message)
+
+    def __reduce__(self):  # picklable (mpi4py may pickle exceptions)
+        return (type(self), (self.info, str(self)))

@@ -1,0 +1,158 @@
+"""PETSc bridge: DSparseTensor <-> PETSc.Mat, torch tensors <-> PETSc.Vec.
+
+petsc4py is optional for the rest of slasolve; importing this module needs it.
+A Mat built from a DSparseTensor has the same ownership ranges (MPIAIJ, or
+MPIBAIJ for block tensors). The Mat is cached on the tensor's layout (shared by
+every ``with_values`` copy), so new values are written into the same Mat.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+try:
+    from petsc4py import PETSc
+except ImportError as e:  # pragma: no cover - exercised on machines without PETSc
+    raise ImportError("slasolve.petsc needs petsc4py: install your PETSc's petsc4py "
+                      "(Debian/Ubuntu: apt install python3-petsc4py), see README") from e
+
+__all__ = ["PETSc", "to_petsc_mat", "fill_petsc_mat", "from_petsc", "tensor_to_vec", "vec_to_tensor",
+           "set_options"]
+
+_IntType = PETSc.IntType
+_ScalarType = PETSc.ScalarType
+
+
+def _np_values(t: torch.Tensor) -> np.ndarray:
+    v = t.detach()
+    if v.device.type != "cpu":
+        v = v.cpu()
+    a = v.numpy()
+    if a.dtype != _ScalarType:
+        a = a.astype(_ScalarType)
+    return np.ascontiguousarray(a)
+
+
+def _local_csr(dA):
+    loc = dA.local
+    indptr = loc.indptr.cpu().numpy().astype(_IntType)
+    indices = loc.indices.cpu().numpy().astype(_IntType)
+    return indptr, indices, _np_values(loc.values).reshape(-1)
+
+
+def _create(dA):
+    L = dA._need_row_shard("to_petsc")
+    comm = dA.comm
+    m, n = (L.rend - L.rstart) * L.br, (L.cend - L.cstart) * L.bc
+    Mg, Ng = dA.global_shape[0] * L.br, dA.global_shape[1] * L.bc
+    indptr, indices, vals = _local_csr(dA)
+    if L.block:
+        if L.br != L.bc:
+            raise ValueError(f"PETSc BAIJ needs square blocks, got {L.block}")
+        mat = PETSc.Mat().createBAIJ(size=((m, Mg), (n, Ng)), bsize=L.br, csr=(indptr, indices, vals),
+                                     comm=comm)
+    else:
+        mat = PETSc.Mat().createAIJ(size=((m, Mg), (n, Ng)), csr=(indptr, indices, vals), comm=comm)
+    mat.setOption(PETSc.Mat.Option.NEW_NONZERO_ALLOCATION_ERR, True)
+    mat.assemble()
+    return mat
+
+
+def fill_petsc_mat(mat, dA) -> None:
+    """Collective. Write ``dA``'s values into ``mat`` (same pattern) in place."""
+    indptr, indices, vals = _local_csr(dA)
+    L = dA._layout
+    mat.zeroEntries()
+    if L.block:
+        # BAIJ's CSR insertion reads each row of blocks; values row-major per block
+        mat.setValuesBlockedCSR(indptr, indices, vals, PETSc.InsertMode.INSERT_VALUES)
+    else:
+        mat.setValuesCSR(indptr, indices, vals, PETSc.InsertMode.INSERT_VALUES)
+    mat.assemble()
+
+
+def to_petsc_mat(dA, *, refill: bool = True):
+    """Collective. The cached PETSc Mat of ``dA``, created on first use and refilled in place
+    when ``dA``'s values differ from the last fill."""
+    L = dA._need_row_shard("to_petsc")
+    vals = dA.values
+    stamp = (id(vals), vals._version, vals.data_ptr())
+    if L.petsc_mat is None:
+        L.petsc_mat = _create(dA)
+    elif refill and L.petsc_filled_from != stamp:
+        fill_petsc_mat(L.petsc_mat, dA)
+    L.petsc_filled_from = stamp
+    L.petsc_values_ref = vals  # keep alive so the id() stamp stays unique
+    return L.petsc_mat
+
+
+def from_petsc(mat, *, dtype: torch.dtype = torch.float64):
+    """Collective. A row-sharded DSparseTensor with ``mat``'s ownership and values.
+
+    AIJ matrices give scalar tensors; BAIJ (block size > 1) give block tensors.
+    """
+    from .dsparse import DSparseTensor
+    comm = mat.getComm().tompi4py()
+    rstart, rend = mat.getOwnershipRange()
+    cstart, cend = mat.getOwnershipRangeColumn()
+    Mg, Ng = mat.getSize()
+    bs = mat.getBlockSize()
+    is_baij = "baij" in mat.getType()
+    src = mat.convert("aij") if is_baij else mat
+    indptr, indices, vals = src.getValuesCSR()
+    if is_baij and bs > 1:
+        import scipy.sparse as sp
+        m = rend - rstart
+        C = sp.csr_matrix((vals, indices, indptr), shape=(m, Ng)).tobsr((bs, bs))
+        C.sort_indices()
+        out = DSparseTensor.from_local_rows(C.indptr, C.indices, torch.as_tensor(C.data, dtype=dtype),
+                                            (Mg // bs, Ng // bs, bs, bs), comm, block_shape=(bs, bs),
+                                            n_local_cols=(cend - cstart) // bs)
+    else:
+        out = DSparseTensor.from_local_rows(indptr, indices, torch.as_tensor(vals, dtype=dtype),
+                                            (Mg, Ng), comm, n_local_cols=cend - cstart)
+    return out
+
+
+def tensor_to_vec(x: torch.Tensor, comm=None, *, global_size: Optional[int] = None, bsize: int = 1):
+    """Collective. A ``PETSc.Vec`` over ``x``'s owned rows.
+
+    Shares ``x``'s memory when it is a contiguous float64 CPU tensor (keep ``x``
+    alive while the Vec is used); copies otherwise.
+    """
+    from ._comm import get_comm
+    comm = get_comm(comm)
+    if x.dim() != 1:
+        raise ValueError(f"x must be 1-D (owned rows), got shape {tuple(x.shape)}")
+    a = x.detach()
+    if a.device.type != "cpu" or a.dtype != torch.float64 or not a.is_contiguous():
+        a = a.to(device="cpu", dtype=torch.float64).contiguous()
+    arr = a.numpy()
+    n = arr.shape[0]
+    size = (n, global_size if global_size is not None else PETSc.DECIDE)
+    return PETSc.Vec().createWithArray(arr, size=size, bsize=bsize, comm=comm)
+
+
+def vec_to_tensor(vec, *, copy: bool = True, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """Local. The Vec's owned entries as a torch tensor (a copy unless ``copy=False``,
+    in which case the tensor aliases the Vec's array and must not outlive it)."""
+    arr = vec.getArray(readonly=True)
+    t = torch.from_numpy(np.array(arr, copy=True) if copy else arr)
+    return t if dtype is None else t.to(dtype)
+
+
+def set_options(options: Optional[dict], prefix: Optional[str] = None) -> None:
+    """Local. Put ``{name: value}`` into the PETSc options database under ``prefix``."""
+    if not options:
+        return
+    opts = PETSc.Options(prefix)
+    for k, v in options.items():
+        key = k.lstrip("-")
+        if v is None or v is True:
+            opts[key] = ""
+        elif v is False:
+            opts[key] = "false"
+        else:
+            opts[key] = v
