@@ -7,6 +7,8 @@ cd "$here"
 export PYTHON=${PYTHON:-$here/.venv/bin/python}
 if [ ! -x "$PYTHON" ]; then echo "no $PYTHON: run scripts/install.sh first" >&2; exit 2; fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# more ranks than cores: let idle ranks yield instead of spinning in MPI waits
+export OMPI_MCA_mpi_yield_when_idle=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MPLBACKEND=Agg PYTHONUNBUFFERED=1
 status=0
 echo "== serial (1 process, MPI tests at size 1)"

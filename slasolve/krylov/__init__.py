@@ -1,6 +1,9 @@
-"""Krylov solvers (cg, gmres, minres, bicgstab), preconditioners and SolveInfo.
+"""Distributed, differentiable Krylov solvers: ``solve``, ``cg``, ``gmres``, ``minres``, ``bicgstab``.
 
-The native torch kernels live in :mod:`slasolve.krylov.torch_methods`, the
-local preconditioner builders in :mod:`slasolve.krylov.torch_pc` and the
-result record in :mod:`slasolve.krylov.info`.
+Backends: ``"petsc"`` (KSP, the default when petsc4py imports) and ``"torch"``
+(native, any device). See :func:`solve`.
 """
+from .info import ConvergenceError, SolveInfo
+from .solve import bicgstab, cg, default_backend, gmres, minres, solve
+
+__all__ = ["solve", "cg", "gmres", "minres", "bicgstab", "SolveInfo", "ConvergenceError", "default_backend"]

@@ -1,0 +1,38 @@
+"""Adjoint pieces shared by the solvers: value gradients of distributed products.
+
+For a row-sharded ``A`` and vectors ``g`` (owned rows) and ``x`` (owned columns),
+``matvec_value_grad(A, g, x)`` is ``d <g, A x> / d values`` on the stored nonzeros
+only: ``g[row_k] * x[col_k]``, with ghost entries of ``x`` fetched by the halo
+exchange. The adjoint of ``x = A^{-1} b`` is then
+``dL/dvalues = matvec_value_grad(A, -lam, x)`` with ``A^T lam = dL/dx``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .sparse import _csr_value_grad
+
+__all__ = ["matvec_value_grad"]
+
+
+def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Collective. ``d <g, A x> / d values`` in ``dA.values``' (local nnz) order.
+
+    ``g``: owned rows ``(n_local[, k])``; ``x``: owned columns, same trailing shape
+    (several right-hand sides are summed).
+    """
+    from .dsparse import _block_scalar, _unscalar_grad
+    L = dA._need_row_shard("matvec_value_grad")
+    values = dA.values.detach()
+    g = g.detach().contiguous()
+    x = x.detach().contiguous()
+    trailing = tuple(x.shape[1:])
+    xg = L.halo.forward_raw(x.reshape((L.cend - L.cstart, L.bc) + trailing))
+    xg = xg.reshape((L.halo.n_ghost * L.bc,) + trailing)
+    pd, _, permd = _block_scalar(L.diag, values[L.diag_pos], L.block)
+    po, _, permo = _block_scalar(L.offd, values[L.offd_pos], L.block)
+    gv = torch.zeros_like(values)
+    gv[L.diag_pos] = _unscalar_grad(_csr_value_grad(pd, g, x), permd, L.diag_pos.numel(), L.block)
+    if L.offd_pos.numel():
+        gv[L.offd_pos] = _unscalar_grad(_csr_value_grad(po, g, xg), permo, L.offd_pos.numel(), L.block)
+    return gv

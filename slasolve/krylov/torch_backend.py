@@ -1,0 +1,107 @@
+"""Native torch backend: the kernels of ``torch_methods`` over a DSparseTensor.
+
+Runs on any device and dtype, with collectives through mpi4py, and needs no
+petsc4py on one rank. Preconditioners act on the rank's diagonal block (block
+Jacobi across ranks): ``none``, ``jacobi``, ``bjacobi``/``ilu`` (ILU(0)),
+``icc`` (IC(0)) or a user callable. Built once per values and cached.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import torch
+
+from .._comm import allreduce_sum, check_collective
+from . import torch_methods, torch_pc
+
+__all__ = ["TorchKrylov"]
+
+_METHODS = {"cg": torch_methods.cg, "gmres": torch_methods.gmres, "minres": torch_methods.minres,
+            "bicgstab": torch_methods.bicgstab}
+_SYMMETRIC = {"cg", "minres"}
+
+
+def _build_pc(dA, pc, transpose: bool):
+    if pc is None or pc == "none":
+        return None
+    if callable(pc):
+        return torch_pc.from_callable(pc)
+    D = dA.diag.scalar()
+    if transpose:
+        D = D.T
+    ip, ix, v, n = D.indptr, D.indices, D.values.detach(), D.M
+    if pc == "jacobi":
+        return torch_pc.jacobi(ip, ix, v, n)
+    if pc in ("bjacobi", "ilu"):
+        return torch_pc.block_jacobi_ilu(ip, ix, v, n, kind="ilu0")
+    if pc == "icc":
+        return torch_pc.block_jacobi_ilu(ip, ix, v, n, kind="ic0")
+    raise ValueError(f"pc {pc!r} is not available in the torch backend; use none, jacobi, bjacobi, "
+                     "ilu, icc or a callable (or backend='petsc' for gamg, hypre, asm, lu)")
+
+
+class TorchKrylov:
+    """Collective (constructor). Native Krylov solves for one operator and method."""
+
+    backend = "torch"
+
+    def __init__(self, dA, method: str, pc, *, restart: int = 30, **_ignored):
+        if method not in _METHODS:
+            raise ValueError(f"method must be one of {sorted(_METHODS)}, got {method!r}")
+        self.method = method
+        self.comm = dA.comm
+        self._dA = dA
+        self._pc_spec = pc
+        self._restart = int(restart)
+        self._pcs = {}
+        self._stamp = None
+        self.norm = "unpreconditioned"
+        self.setup_time = 0.0
+
+    def _pc(self, transpose: bool):
+        vals = self._dA.values
+        stamp = (id(vals), vals._version)
+        if stamp != self._stamp:
+            self._pcs.clear()
+            self._stamp = stamp
+        key = transpose and self.method not in _SYMMETRIC
+        if key not in self._pcs:
+            t0 = time.perf_counter()
+            err, pc = None, None
+            try:
+                pc = _build_pc(self._dA, self._pc_spec, key)
+            except (ValueError, TypeError) as e:
+                err = e
+            check_collective(self.comm, err)
+            self._pcs[key] = pc
+            self.setup_time = time.perf_counter() - t0
+        return self._pcs[key]
+
+    def _run(self, b, x0, transpose, *, rtol, atol, maxiter, callback, record_history):
+        dA = self._dA
+        comm = self.comm
+        op = dA.rmatvec if transpose and self.method not in _SYMMETRIC else dA.matvec
+        t0 = time.perf_counter()
+        M = self._pc(transpose)
+        t1 = time.perf_counter()
+        kw = dict(x0=x0, rtol=rtol, atol=atol, maxiter=maxiter, M=M,
+                  reduce_sum=lambda t: allreduce_sum(comm, t), callback=callback,
+                  record_history=record_history)
+        if self.method == "gmres":
+            kw["restart"] = self._restart
+        with torch.no_grad():
+            x, info = _METHODS[self.method](op, b.detach(), **kw)
+        info.setup_time, info.solve_time = t1 - t0, time.perf_counter() - t1
+        info.backend = "torch"
+        return x, info
+
+    def solve(self, dA, b, x0=None, **kw):
+        """Collective. Solve ``A x = b`` for one right-hand side (``dA`` shares the layout)."""
+        self._dA = dA
+        return self._run(b, x0, False, **kw)
+
+    def solve_transpose(self, dA, b, **kw):
+        """Collective. Solve ``A^T x = b`` (``A^T`` products by reverse halo exchange)."""
+        self._dA = dA
+        return self._run(b, None, True, **kw)
