@@ -21,11 +21,11 @@ outcome with ``slasolve._comm.check_collective`` so every rank raises.
     ``SeqAIJ`` copy of the block (``PETSc.COMM_SELF``): a true ILU(0), resp.
     IC(0) (PETSc's ICC applies its default positive-definite shift on a
     non-positive pivot);
-  - ``factor="scipy"``: SuperLU's ``spilu(drop_tol=0, fill_factor=1,
-    permc_spec="NATURAL", diag_pivot_thresh=0)`` — an ILU that keeps
-    (approximately) the pattern of the block; for ``"ic0"`` it is the same
-    ILU of the symmetric block (IC(0) approximated by ILU(0), which for a
-    symmetric block has ``U = D L^T`` in exact ILU(0)).
+  - ``factor="scipy"`` (the fallback without petsc4py): SciPy has no ILU(0)
+    or IC(0) (``spilu`` is a threshold ILU that is not symmetric, which breaks
+    CG), so the block is factorised *exactly* with SuperLU's sparse LU
+    (``splu``): block Jacobi with exact local solves, sparse, SPD when the
+    block is.
 
   Factor and solves are in float64 on the CPU; ``apply`` moves the vector
   to the CPU and back to its device/dtype.
@@ -145,12 +145,15 @@ def _petsc_factor(A, kind):
 
 
 def _scipy_factor(A, kind):
+    # SciPy has no ILU(0)/IC(0) (spilu's threshold ILU is neither, and it is not
+    # symmetric, so CG can fail with it): without PETSc, solve the local block
+    # exactly with SuperLU's sparse LU. Still block Jacobi across ranks, still
+    # sparse, and symmetric positive definite whenever the block is.
     import scipy.sparse.linalg as spla
     try:
-        fac = spla.spilu(A.tocsc(), drop_tol=0.0, fill_factor=1, permc_spec="NATURAL",
-                         diag_pivot_thresh=0.0)
-    except RuntimeError as e:  # singular factor
-        raise ValueError(f"block_jacobi_ilu: ILU of the local block failed: {e}") from None
+        fac = spla.splu(A.tocsc())
+    except RuntimeError as e:  # singular block
+        raise ValueError(f"block_jacobi_ilu: LU of the local block failed: {e}") from None
     return fac.solve
 
 
