@@ -6,6 +6,7 @@ that no rank is left waiting in a collective that the failing rank never enters.
 """
 from __future__ import annotations
 
+import builtins
 from typing import Optional, Sequence
 
 import numpy as np
@@ -48,7 +49,10 @@ def check_collective(comm: MPI.Comm, error: Optional[BaseException]) -> None:
     kind, text = messages[first]
     if error is not None and first == comm.Get_rank():
         raise error
-    exc_type = _ERROR_TYPES.get(kind, RuntimeError)
+    exc_type = _ERROR_TYPES.get(kind)
+    if exc_type is None:  # another built-in exception keeps its type; anything else: RuntimeError
+        cand = getattr(builtins, kind, None)
+        exc_type = cand if isinstance(cand, type) and issubclass(cand, Exception) else RuntimeError
     suffix = f" (on rank {first}; {failed} rank(s) failed)"
     raise exc_type(text + suffix)
 

@@ -9,6 +9,7 @@ from them by index, so gradients reach ``values`` directly.
 """
 from __future__ import annotations
 
+import operator
 from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
@@ -84,45 +85,138 @@ class _RowLayout:
         return self.block[0] if self.block else 1
 
 
+class _SplitValues:
+    """The scalar values of the diagonal and off-diagonal blocks (and of their
+    transposes) for one ``values`` tensor, gathered once and reused by every
+    product until the values change (in-place changes bump ``_version``).
+
+    Gathering 5M values costs several SpMVs, so the matvec path must not do it
+    per call. When every stored entry lies in the diagonal block (one rank, or
+    a rank without ghost columns) the values are used as they are, no copy.
+    Changes made through ``values.data`` are invisible to the version counter;
+    use in-place ops or :meth:`DSparseTensor.with_values`.
+    """
+
+    __slots__ = ("layout", "values", "key", "_cache")
+
+    def __init__(self, layout: "_RowLayout", values: torch.Tensor):
+        self.layout = layout
+        self.values = values.detach()
+        self.key = (values._version, values.data_ptr(), values.dtype, values.device)
+        self._cache = {}
+
+    def valid_for(self, values: torch.Tensor) -> bool:
+        return self.key == (values._version, values.data_ptr(), values.dtype, values.device)
+
+    def get(self, which: str):
+        """``(scalar pattern, scalar values)`` of ``"d"``, ``"o"``, ``"dT"``, ``"oT"``."""
+        c = self._cache.get(which)
+        if c is None:
+            L = self.layout
+            if which in ("d", "o"):
+                pattern, pos = (L.diag, L.diag_pos) if which == "d" else (L.offd, L.offd_pos)
+                if pos.numel() == self.values.shape[0]:
+                    v = self.values  # every entry is in this block: CSR order unchanged
+                else:
+                    v = self.values.index_select(0, pos)
+                ps, vs, _ = _block_scalar(pattern, v, L.block)
+                c = (ps, vs)
+            else:
+                ps, vs = self.get(which[0])
+                pt, perm = ps.transpose()
+                c = (pt, vs.index_select(0, perm))
+            self._cache[which] = c
+        return c
+
+
+def _forward_product(L: "_RowLayout", S: _SplitValues, x: torch.Tensor):
+    """``(A x, x_ghost)``: halo exchange overlapped with the diagonal-block product."""
+    trailing = tuple(x.shape[1:])
+    halo = L.halo
+    exchange = halo.n_ghost or halo.n_send
+    if exchange:
+        pending = halo.start_forward(x.reshape((L.cend - L.cstart, L.bc) + trailing))
+    pd, vd = S.get("d")
+    y = _csr_mv(pd, vd, x)
+    if not exchange:
+        return y, x.new_zeros((0,) + trailing)
+    xg = halo.finish(pending).reshape((halo.n_ghost * L.bc,) + trailing)
+    po, vo = S.get("o")
+    if po.nnz:
+        y = y + _csr_mv(po, vo, xg)
+    return y, xg
+
+
+def _reverse_product(L: "_RowLayout", S: _SplitValues, y: torch.Tensor) -> torch.Tensor:
+    """``A^T y`` on the owned columns: reverse halo of the off-diagonal products,
+    overlapped with the transposed diagonal-block product."""
+    trailing = tuple(y.shape[1:])
+    halo = L.halo
+    exchange = halo.n_ghost or halo.n_send
+    if exchange:
+        poT, voT = S.get("oT")
+        tg = _csr_mv(poT, voT, y) if poT.nnz else y.new_zeros((poT.M,) + trailing)
+        pending = halo.start_reverse(tg.reshape((halo.n_ghost, L.bc) + trailing))
+    pdT, vdT = S.get("dT")
+    out = _csr_mv(pdT, vdT, y)
+    if exchange:
+        out = out + halo.finish(pending).reshape(out.shape)
+    return out
+
+
+def _values_grad(L: "_RowLayout", values: torch.Tensor, left: torch.Tensor, right: torch.Tensor,
+                 right_ghost: torch.Tensor) -> torch.Tensor:
+    """``d <left, A right> / d values`` (``right_ghost``: the ghost rows of ``right``)."""
+    gv = torch.zeros_like(values)
+    nd, no = L.diag_pos.numel(), L.offd_pos.numel()
+    pd, permd = (L.diag, None) if not L.block else L.diag.scalar(*L.block)
+    gv[L.diag_pos] = _unscalar_grad(_csr_value_grad(pd, left, right), permd, nd, L.block)
+    if no:
+        po, permo = (L.offd, None) if not L.block else L.offd.scalar(*L.block)
+        gv[L.offd_pos] = _unscalar_grad(_csr_value_grad(po, left, right_ghost), permo, no, L.block)
+    return gv
+
+
 class _RowShardMatVec(torch.autograd.Function):
     """y = A_diag x + A_offd x_ghost, halo exchange overlapped with the diagonal product."""
 
     @staticmethod
-    def forward(ctx, values, x, layout):
-        L = layout
-        pd, vd, permd = _block_scalar(L.diag, values[L.diag_pos], L.block)
-        po, vo, permo = _block_scalar(L.offd, values[L.offd_pos], L.block)
-        trailing = tuple(x.shape[1:])
-        pending = L.halo.start_forward(x.reshape((L.cend - L.cstart, L.bc) + trailing))
-        y = _csr_mv(pd, vd, x)
-        xg = L.halo.finish(pending).reshape((L.halo.n_ghost * L.bc,) + trailing)
-        if po.nnz:
-            y = y + _csr_mv(po, vo, xg)
-        ctx.layout = L
+    def forward(ctx, values, x, layout, split):
+        y, xg = _forward_product(layout, split, x)
+        ctx.layout, ctx.split = layout, split
         ctx.save_for_backward(values, x, xg)
         return y
 
     @staticmethod
     def backward(ctx, g):
-        L = ctx.layout
+        L, S = ctx.layout, ctx.split
         values, x, xg = ctx.saved_tensors
         g = g.contiguous()
-        pd, vd, permd = _block_scalar(L.diag, values[L.diag_pos], L.block)
-        po, vo, permo = _block_scalar(L.offd, values[L.offd_pos], L.block)
-        gx = gv = None
-        if ctx.needs_input_grad[1]:
-            trailing = tuple(g.shape[1:])
-            tg = _csr_rmv(po, vo, g) if po.nnz else g.new_zeros((po.N,) + trailing)
-            pending = L.halo.start_reverse(tg.reshape((L.halo.n_ghost, L.bc) + trailing))
-            gx = _csr_rmv(pd, vd, g)
-            gx = gx + L.halo.finish(pending).reshape(gx.shape)
-        if ctx.needs_input_grad[0]:
-            gv = torch.zeros_like(values)
-            nd, no = L.diag_pos.numel(), L.offd_pos.numel()
-            gv[L.diag_pos] = _unscalar_grad(_csr_value_grad(pd, g, x), permd, nd, L.block)
-            if no:
-                gv[L.offd_pos] = _unscalar_grad(_csr_value_grad(po, g, xg), permo, no, L.block)
-        return gv, gx, None
+        gx = _reverse_product(L, S, g) if ctx.needs_input_grad[1] else None
+        gv = _values_grad(L, values, g, x, xg) if ctx.needs_input_grad[0] else None
+        return gv, gx, None, None
+
+
+class _RowShardRMatVec(torch.autograd.Function):
+    """A^T y = A_diag^T y + reverse halo of A_offd^T y."""
+
+    @staticmethod
+    def forward(ctx, values, y, layout, split):
+        out = _reverse_product(layout, split, y)
+        ctx.layout, ctx.split = layout, split
+        ctx.save_for_backward(values, y)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        L, S = ctx.layout, ctx.split
+        values, y = ctx.saved_tensors
+        g = g.contiguous()
+        if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+            return None, None, None, None
+        gy, gg = _forward_product(L, S, g)  # A g, and the ghost rows of g
+        gv = _values_grad(L, values, y, g, gg) if ctx.needs_input_grad[0] else None
+        return gv, (gy if ctx.needs_input_grad[1] else None), None, None
 
 
 class _AllreduceSum(torch.autograd.Function):
@@ -139,6 +233,20 @@ class _AllreduceSum(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g, None
+
+
+class _ReplicatedInput(torch.autograd.Function):
+    """Identity on a replicated input consumed by sharded outputs: the backward
+    sums every rank's gradient (the adjoint of "copy to every rank")."""
+
+    @staticmethod
+    def forward(ctx, t, comm):
+        ctx.comm = comm
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _AllreduceSum.forward(None, g, ctx.comm), None
 
 
 def _to_sparse_tensor(A) -> SparseTensor:
@@ -175,6 +283,7 @@ class DSparseTensor:
         self._local = local
         self._spec = spec
         self._layout = _layout
+        self._split_cache: Optional[_SplitValues] = None
         nbatch = len(local.batch_shape)
         if spec.placement.is_row_shard(nbatch) and _layout is None:
             offs = spec.offsets
@@ -302,33 +411,54 @@ class DSparseTensor:
         comm = get_comm(comm)
         err = None
         local = None
+        info = None
         try:
             global_shape = tuple(int(s) for s in global_shape)
             block_shape = tuple(int(b) for b in block_shape)
             if len(global_shape) != 2 + len(block_shape) or (block_shape and global_shape[2:] != block_shape):
                 raise ValueError(f"global_shape must be (M, N) + block_shape, got {global_shape}")
+            if min(global_shape) < 0:
+                raise ValueError(f"global_shape must not be negative, got {global_shape}")
             M, N = global_shape[:2]
             vals = values if isinstance(values, torch.Tensor) else torch.as_tensor(np.asarray(values))
+            if not (vals.dtype.is_floating_point or vals.dtype.is_complex):
+                raise TypeError(f"values must be a floating point (or complex) tensor, got dtype {vals.dtype}")
             ip = indptr if isinstance(indptr, torch.Tensor) else torch.as_tensor(np.asarray(indptr))
+            idx = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(np.asarray(indices))
+            for name, t in (("indptr", ip), ("indices", idx)):
+                if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+                    raise TypeError(f"{name} must hold integers, got dtype {t.dtype}")
             if ip.dim() != 1 or ip.numel() < 1:
                 raise ValueError("indptr must be a non-empty 1-D array of n_local+1 row pointers")
+            if idx.dim() != 1:
+                raise ValueError(f"indices must be one-dimensional, got shape {tuple(idx.shape)}")
             n_loc = ip.numel() - 1
-            idx = indices if isinstance(indices, torch.Tensor) else torch.as_tensor(np.asarray(indices))
-            ip64 = ip.to(torch.int64)
-            if n_loc and bool((ip64[1:] < ip64[:-1]).any()) or int(ip64[0]) != 0 or int(ip64[-1]) != idx.numel():
+            ip64 = ip.to(torch.int64).cpu()
+            if (n_loc and bool((ip64[1:] < ip64[:-1]).any())) or int(ip64[0]) != 0 \
+                    or int(ip64[-1]) != idx.numel():
                 raise ValueError("indptr must start at 0, be non-decreasing and end at len(indices)")
+            if vals.dim() != 1 + len(block_shape) or tuple(vals.shape[1:]) != block_shape \
+                    or vals.shape[0] != idx.numel():
+                raise ValueError(f"values must have shape (nnz, *block_shape) = "
+                                 f"{(idx.numel(),) + block_shape}, got {tuple(vals.shape)}")
+            if n_local_cols is not None:
+                n_local_cols = operator.index(n_local_cols)
+                if n_local_cols < 0:
+                    raise ValueError(f"n_local_cols must be >= 0, got {n_local_cols}")
             counts = ip64[1:] - ip64[:-1]
             rows = torch.repeat_interleave(torch.arange(n_loc), counts)
             local = SparseTensor.from_coo(rows, idx, vals, (n_loc, N) + block_shape, block_shape=block_shape)
-        except (ValueError, TypeError) as e:
+            info = (global_shape, str(local.dtype), local.M, n_local_cols)
+        except Exception as e:  # any failure must reach every rank, never leave one behind
             err = e
         check_collective(comm, err)
-        info = (global_shape, str(local.dtype), local.M)
-        allinfo = comm.allgather(info)
+        # one Allgather settles everything the ranks must agree on
+        allinfo = comm.allgather(info) if comm.Get_size() > 1 else [info]
         err = None
         shapes = {a[0] for a in allinfo}
         dtypes = {a[1] for a in allinfo}
         nrows = [a[2] for a in allinfo]
+        ncols = [a[3] for a in allinfo]
         if len(shapes) > 1:
             err = ValueError(f"global_shape differs across ranks: {sorted(shapes)}")
         elif len(dtypes) > 1:
@@ -339,15 +469,17 @@ class DSparseTensor:
         elif min(nrows) == 0 and comm.Get_size() > 1:
             err = ValueError(f"rank {nrows.index(0)} owns no rows: every rank needs at least one "
                              "(use fewer ranks or another partition)")
+        elif any(c is None for c in ncols) and any(c is not None for c in ncols):
+            err = ValueError("n_local_cols must be given on every rank or on none")
+        elif ncols[0] is not None and sum(ncols) != global_shape[1]:
+            err = ValueError(f"n_local_cols add up to {sum(ncols)}, expected N = {global_shape[1]}")
         check_collective(comm, err)
         row_offsets = np.concatenate([[0], np.cumsum(nrows)]).astype(np.int64)
-        if n_local_cols is None:
+        if ncols[0] is None:
             col_offsets = row_offsets if global_shape[0] == global_shape[1] else \
                 _split_offsets(global_shape[1], comm.Get_size())
         else:
-            col_offsets = ownership_offsets(comm, int(n_local_cols))
-            check_collective(comm, None if col_offsets[-1] == global_shape[1] else ValueError(
-                f"n_local_cols add up to {col_offsets[-1]}, expected N = {global_shape[1]}"))
+            col_offsets = np.concatenate([[0], np.cumsum(ncols)]).astype(np.int64)
         spec = DSparseSpec(row_shard(), comm, global_shape, partition,
                            (tuple(row_offsets.tolist()), tuple(col_offsets.tolist())))
         return cls(local, spec)
@@ -375,16 +507,29 @@ class DSparseTensor:
         rank, size = comm.Get_rank(), comm.Get_size()
         placement = row_shard() if placement is None else placement
         have = A is not None
-        everywhere = comm.allreduce(1 if have else 0) == size
+        everywhere = (comm.allreduce(1 if have else 0) == size) if size > 1 else have
         err = None
         S = None
-        if rank == root or everywhere:
-            try:
+        try:
+            # arguments every rank can check (they must agree: combined below)
+            if not isinstance(placement, Placement):
+                raise TypeError(f"placement must be a Placement, got {placement!r}")
+            if isinstance(placement, SparseShard) and placement.axis not in (0, 1):
+                raise ValueError(f"SparseShard axis must be 0 (rows) or 1 (columns) for an unbatched "
+                                 f"matrix, got {placement.axis}")
+            if not isinstance(root, int) or not 0 <= root < size:
+                raise ValueError(f"root must be a rank of the communicator, got {root!r}")
+            if rank == root or everywhere:
                 if not have:
                     raise ValueError(f"A is None on the root rank {root}")
                 S = _to_sparse_tensor(A).detach().to("cpu")
-            except (ValueError, TypeError) as e:
-                err = e
+                if isinstance(placement, SparseShard) and S.batch_shape:
+                    raise ValueError("row/column shards need an unbatched matrix; use Shard(dim) for batches")
+                if isinstance(placement, Shard) and not 0 <= placement.dim < len(S.batch_shape):
+                    raise ValueError(f"Shard(dim={placement.dim}) needs a batch dimension; "
+                                     f"the matrix has {len(S.batch_shape)}")
+        except Exception as e:
+            err = e
         check_collective(comm, err)
         if isinstance(placement, Replicated):
             if not everywhere:
@@ -393,28 +538,23 @@ class DSparseTensor:
             return cls(S, spec)
         if isinstance(placement, Shard):
             return cls._from_global_batch_shard(S, comm, placement, everywhere, root)
-        if not isinstance(placement, SparseShard):
-            raise TypeError(f"placement must be a Placement, got {placement!r}")
-        if S is not None and S.batch_shape and (rank == root):
-            err = ValueError("row/column shards need an unbatched matrix; use Shard(dim) for batches")
-        check_collective(comm, err if rank == root else None)
-        nbatch = 0
-        if placement.is_col_shard(nbatch):
+        if placement.is_col_shard(0):
             return cls._from_global_col_shard(S, comm, placement, everywhere, root)
-        if not placement.is_row_shard(nbatch):
-            raise ValueError(f"SparseShard axis must be 0 (rows) or 1 (columns), got {placement.axis}")
 
         pieces = part = None
         if rank == root:
             try:
                 part = cls._make_partition(S, size, partition, coords)
                 pieces = cls._split_rows(S, part, size)
-            except (ValueError, TypeError, ImportError) as e:
+            except Exception as e:  # the partitioner may raise anything: never leave the others waiting
                 err = e
         check_collective(comm, err if rank == root else None)
-        part = comm.bcast(part, root=root)
-        indptr, indices, values = comm.scatter(pieces, root=root)
-        shape = comm.bcast(S.shape if rank == root else None, root=root)
+        if size > 1:
+            part = comm.bcast(part, root=root)
+            indptr, indices, values = comm.scatter(pieces, root=root)
+            shape = comm.bcast(S.shape if rank == root else None, root=root)
+        else:
+            (indptr, indices, values), shape = pieces[0], S.shape
         return cls.from_local_rows(indptr, indices, values, shape, comm,
                                    block_shape=part["block"], partition=part["partition"])
 
@@ -486,64 +626,95 @@ class DSparseTensor:
         n = S.batch_shape[placement.dim]
         offsets = _split_offsets(n, size)
         a, b = int(offsets[rank]), int(offsets[rank + 1])
-        v = S.values.narrow(placement.dim, a, b - a)
+        v = S.values.narrow(placement.dim, a, b - a).clone()
         local = S.with_values(v)
         return cls(local, DSparseSpec(placement, comm, S.shape, None, (tuple(offsets.tolist()),)))
 
     def with_values(self, values: torch.Tensor) -> "DSparseTensor":
-        """Local. Same pattern, layout, halo plan and PETSc Mat; new local values."""
-        return DSparseTensor(self._local.with_values(values), self._spec, _layout=self._layout)
+        """Collective. Same pattern, layout, halo plan and PETSc Mat; new local values.
+
+        ``values`` has the shape of :attr:`values` (``(nnz, *block)`` for a row
+        shard). The check (shape, dtype, finite) is combined over the ranks with
+        one small Allreduce, so a bad ``values`` on one rank raises on all.
+        """
+        err = None
+        new = None
+        try:
+            if not isinstance(values, torch.Tensor):
+                values = torch.as_tensor(np.asarray(values))
+            if not (values.dtype.is_floating_point or values.dtype.is_complex):
+                raise TypeError(f"values must be a floating point tensor, got dtype {values.dtype}")
+            if self._layout is not None and tuple(values.shape) != tuple(self.values.shape):
+                raise ValueError(f"values must have shape {tuple(self.values.shape)} "
+                                 f"(this rank's nnz, *block), got {tuple(values.shape)}")
+            new = self._local.with_values(values)
+        except Exception as e:
+            err = e
+        check_collective(self.comm, err)
+        return DSparseTensor(new, self._spec, _layout=self._layout)
 
     def detach(self) -> "DSparseTensor":
-        return self.with_values(self.values.detach())
+        """Local. The same tensor with values detached from the autograd graph."""
+        return DSparseTensor(self._local.detach(), self._spec, _layout=self._layout)
 
     def to(self, *args, **kwargs) -> "DSparseTensor":
         """Local. Cast / move the local values (like ``torch.Tensor.to``)."""
         return DSparseTensor(self._local.to(*args, **kwargs), self._spec, _layout=self._layout)
 
     # -- products -------------------------------------------------------------
-    def _check_vec(self, x: torch.Tensor, n: int, what: str) -> None:
+    def _check_vec(self, x: torch.Tensor, n: int, what: str, check_dtype: bool = True) -> None:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() not in (1, 2) or x.shape[0] != n:
             raise ValueError(f"{what} must hold this rank's {n} owned rows, shape ({n},) or ({n}, k); "
                              f"got {tuple(x.shape)}")
-        if x.dtype != self.dtype:
+        if check_dtype and x.dtype != self.dtype:
             raise TypeError(f"dtype mismatch: matrix is {self.dtype}, {what} is {x.dtype}")
+
+    def _split(self) -> _SplitValues:
+        """The gathered block values for the current ``values`` (cached; see :class:`_SplitValues`)."""
+        S = self._split_cache
+        v = self._local.values
+        if S is None or not S.valid_for(v):
+            S = self._split_cache = _SplitValues(self._layout, v)
+        return S
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         """Collective. ``dA @ x`` dispatched by placement; differentiable in values and ``x``.
 
-        Row shard: ``x`` holds the owned columns' entries, the result the owned rows.
-        Column shard: ``x`` owned columns, result replicated (Allreduce).
-        Replicated / batch shard: local products.
+        Row shard: ``x`` holds the owned columns' entries (``(n,)`` or ``(n, k)``),
+        the result the owned rows. Column shard: ``x`` owned columns, result
+        replicated (Allreduce). Replicated / batch shard: local products.
+
+        The shape/dtype check of ``x`` is local (no communication, so it costs
+        nothing per call): it raises before any communication on every rank that
+        passes a bad ``x``. Every rank must pass a valid ``x``; a rank that raises
+        while the others go on leaves them waiting in the halo exchange.
         """
         pl = self.placement
         if self._layout is not None:
             L = self._layout
             self._check_vec(x, (L.cend - L.cstart) * L.bc, "x")
-            if self._local.batch_shape:
-                raise ValueError("batched values on a row shard are not supported; use Shard(dim)")
-            return _RowShardMatVec.apply(self.values, x, L)
+            return _RowShardMatVec.apply(self.values, x, L, self._split())
         if isinstance(pl, SparseShard):  # column shard
             return _AllreduceSum.apply(self._local.matvec(x), self.comm)
         return self._local.matvec(x)
 
     def rmatvec(self, y: torch.Tensor) -> torch.Tensor:
-        """Collective. ``dA.T @ y``: reverse halo exchange of the off-diagonal products."""
+        """Collective. ``dA.T @ y``; differentiable in values and ``y``.
+
+        Row shard: ``y`` holds the owned rows, the result the owned columns
+        (reverse halo exchange of the off-diagonal products). Column shard: ``y``
+        replicated, result the owned columns. The check of ``y`` is local, as in
+        :meth:`matvec`.
+        """
         pl = self.placement
         if self._layout is not None:
             L = self._layout
             self._check_vec(y, (L.rend - L.rstart) * L.br, "y")
-            out = self.diag.T.matvec(y)
-            if L.halo.n_ghost or L.halo.n_send or self.comm.Get_size() > 1:
-                tg = self.offd.T.matvec(y)
-                trailing = tuple(y.shape[1:])
-                contrib = L.halo.reverse(tg.reshape((L.halo.n_ghost, L.bc) + trailing))
-                out = out + contrib.reshape(out.shape)
-            return out
+            return _RowShardRMatVec.apply(self.values, y, L, self._split())
         if isinstance(pl, SparseShard):  # column shard: y replicated, result owned columns
-            return self._local.T.matvec(y)
+            return self._local.T.matvec(_ReplicatedInput.apply(y, self.comm))
         return self._local.T.matvec(y)
 
     def __matmul__(self, x: torch.Tensor) -> torch.Tensor:
@@ -602,8 +773,13 @@ class DSparseTensor:
         """Collective. Assemble the global vector (user numbering) on ``root``
         (``None`` elsewhere), or on every rank with ``root=None``."""
         L = self._need_row_shard("gather")
-        self._check_vec(x_local, self.n_local, "x_local")
         comm = self.comm
+        err = None
+        try:
+            self._check_vec(x_local, self.n_local, "x_local", check_dtype=False)
+        except (TypeError, ValueError) as e:
+            err = e
+        check_collective(comm, err)
         parts = comm.allgather(x_local.detach().cpu()) if root is None else \
             comm.gather(x_local.detach().cpu(), root=root)
         if parts is None:

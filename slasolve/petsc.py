@@ -100,7 +100,9 @@ def from_petsc(mat, *, dtype: torch.dtype = torch.float64):
     Mg, Ng = mat.getSize()
     bs = mat.getBlockSize()
     is_baij = "baij" in mat.getType()
-    src = mat.convert("aij") if is_baij else mat
+    # convert into a NEW Mat: ``mat.convert("aij")`` without ``out`` converts in place
+    # and would turn the caller's (cached) BAIJ Mat into an AIJ one
+    src = mat.convert("aij", out=PETSc.Mat()) if is_baij else mat
     indptr, indices, vals = src.getValuesCSR()
     if is_baij and bs > 1:
         import scipy.sparse as sp
@@ -120,26 +122,44 @@ def tensor_to_vec(x: torch.Tensor, comm=None, *, global_size: Optional[int] = No
     """Collective. A ``PETSc.Vec`` over ``x``'s owned rows.
 
     Shares ``x``'s memory when it is a contiguous float64 CPU tensor (keep ``x``
-    alive while the Vec is used); copies otherwise.
+    alive while the Vec is used); copies otherwise. A bad ``x`` (not a 1-D
+    tensor) on any rank raises ``TypeError``/``ValueError`` on every rank: the
+    check rides on the one Allreduce that sums the global size.
     """
     from ._comm import get_comm
     comm = get_comm(comm)
-    if x.dim() != 1:
-        raise ValueError(f"x must be 1-D (owned rows), got shape {tuple(x.shape)}")
+    err = None
+    if not isinstance(x, torch.Tensor):
+        err = TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    elif x.dim() != 1:
+        err = ValueError(f"x must be 1-D (owned rows), got shape {tuple(x.shape)}")
+    n = int(x.shape[0]) if err is None else 0
+    if comm.Get_size() > 1:
+        from mpi4py import MPI
+        buf = np.array([n, 1 if err is not None else 0], dtype=np.int64)
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        total, nbad = int(buf[0]), int(buf[1])
+    else:
+        total, nbad = n, int(err is not None)
+    if nbad:
+        from ._comm import check_collective
+        check_collective(comm, err)
+    if global_size is not None and int(global_size) != total:
+        raise ValueError(f"global_size = {global_size}, but the ranks' x add up to {total} rows")
     a = x.detach()
     if a.device.type != "cpu" or a.dtype != torch.float64 or not a.is_contiguous():
         a = a.to(device="cpu", dtype=torch.float64).contiguous()
     arr = a.numpy()
-    n = arr.shape[0]
-    size = (n, global_size if global_size is not None else PETSc.DECIDE)
-    return PETSc.Vec().createWithArray(arr, size=size, bsize=bsize, comm=comm)
+    return PETSc.Vec().createWithArray(arr, size=(arr.shape[0], total), bsize=bsize, comm=comm)
 
 
 def vec_to_tensor(vec, *, copy: bool = True, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
     """Local. The Vec's owned entries as a torch tensor (a copy unless ``copy=False``,
     in which case the tensor aliases the Vec's array and must not outlive it)."""
-    arr = vec.getArray(readonly=True)
-    t = torch.from_numpy(np.array(arr, copy=True) if copy else arr)
+    if copy:
+        t = torch.from_numpy(np.array(vec.getArray(readonly=True), copy=True))
+    else:
+        t = torch.from_numpy(vec.getArray())  # writable view: no read-only warning from torch
     return t if dtype is None else t.to(dtype)
 
 

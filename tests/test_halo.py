@@ -1,0 +1,142 @@
+"""MPI tests of slasolve.halo.HaloPlan: values, adjointness, autograd, traffic."""
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from slasolve import HaloPlan
+
+pytestmark = pytest.mark.mpi
+
+N_GLOBAL = 57
+
+
+def all_ok(comm, flag) -> bool:
+    return bool(comm.allreduce(int(bool(flag)), op=MPI.MIN))
+
+
+def gdot(comm, a, b) -> float:
+    return comm.allreduce(float((a * b).sum()), op=MPI.SUM)
+
+
+def offsets_for(size):
+    w = np.arange(size, 0, -1, dtype=float)  # uneven, decreasing ranges
+    counts = np.maximum(1, np.floor(N_GLOBAL * w / w.sum()).astype(int))
+    counts[-1] = N_GLOBAL - counts[:-1].sum()
+    return np.concatenate([[0], np.cumsum(counts)])
+
+
+def make_plan(comm, density=0.3, seed=0, empty_on=()):
+    offs = offsets_for(comm.size)
+    r = comm.rank
+    start, end = int(offs[r]), int(offs[r + 1])
+    rng = np.random.default_rng(seed + 101 * r)
+    others = np.setdiff1d(np.arange(N_GLOBAL), np.arange(start, end))
+    ghosts = np.sort(rng.choice(others, size=int(density * others.size), replace=False)) \
+        if others.size and r not in empty_on else np.zeros(0, dtype=np.int64)
+    plan = HaloPlan(comm, (start, end), torch.from_numpy(ghosts.astype(np.int64)))
+    return plan, start, end, ghosts.astype(np.int64)
+
+
+def global_vec(trailing=(), seed=5):
+    return torch.rand((N_GLOBAL,) + trailing, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("trailing", [(), (3,), (2, 4)])
+def test_forward_copies_owner_values(comm, trailing):
+    plan, s, e, ghosts = make_plan(comm)
+    xg = global_vec(trailing)
+    out = plan.forward(xg[s:e].clone())
+    assert out.shape == (len(ghosts),) + trailing
+    assert all_ok(comm, torch.equal(out, xg[torch.from_numpy(ghosts)]))
+    # the non-blocking pieces give the same
+    h = plan.start_forward(xg[s:e].clone())
+    assert all_ok(comm, torch.equal(plan.finish(h), out))
+
+
+@pytest.mark.parametrize("trailing", [(), (3,)])
+def test_reverse_sums_into_owners(comm, trailing):
+    plan, s, e, ghosts = make_plan(comm, seed=1)
+    g = torch.rand((len(ghosts),) + trailing, generator=torch.Generator().manual_seed(comm.rank))
+    contrib = plan.reverse(g)
+    # reference: every rank scatters its ghost contributions into a global array, summed
+    full = np.zeros((N_GLOBAL,) + trailing)
+    np.add.at(full, ghosts, g.numpy())
+    comm.Allreduce(MPI.IN_PLACE, full, op=MPI.SUM)
+    assert contrib.shape == (e - s,) + trailing
+    assert all_ok(comm, np.allclose(contrib.numpy(), full[s:e], rtol=1e-14, atol=1e-14))
+
+
+@pytest.mark.parametrize("trailing", [(), (2,), (2, 3)])
+def test_adjoint_identity(comm, trailing):
+    """<F x, y> = <x, F^T y> with global (Allreduce) inner products; F^T = reverse."""
+    plan, s, e, ghosts = make_plan(comm, seed=2, empty_on=(1,))
+    gen = torch.Generator().manual_seed(10 + comm.rank)
+    x = torch.rand((e - s,) + trailing, generator=gen)
+    y = torch.rand((len(ghosts),) + trailing, generator=gen)
+    lhs = gdot(comm, plan.forward(x), y)
+    rhs = gdot(comm, x, plan.reverse(y))
+    assert abs(lhs - rhs) <= 1e-12 * max(abs(lhs), 1.0)
+    if comm.size > 1:
+        assert abs(lhs) > 0  # the identity is not trivially 0 = 0
+
+
+def test_autograd_forward_reverse_are_adjoint(comm):
+    plan, s, e, ghosts = make_plan(comm, seed=3)
+    gen = torch.Generator().manual_seed(20 + comm.rank)
+    x = torch.rand(e - s, 2, generator=gen, requires_grad=True)
+    w = torch.rand(len(ghosts), 2, generator=gen)
+    (plan.forward(x) * w).sum().backward()
+    ok = torch.allclose(x.grad, plan.reverse_raw(w), rtol=1e-14, atol=0)
+    g = torch.rand(len(ghosts), 2, generator=gen, requires_grad=True)
+    v = torch.rand(e - s, 2, generator=gen)
+    (plan.reverse(g) * v).sum().backward()
+    ok &= torch.allclose(g.grad, plan.forward_raw(v), rtol=1e-14, atol=0)
+    assert all_ok(comm, ok)
+
+
+def test_traffic_is_exactly_the_ghosts(comm):
+    plan, s, e, ghosts = make_plan(comm, seed=4)
+    assert plan.n_ghost == len(ghosts) and plan.n_owned == e - s
+    for itemsize, width in ((8, 1), (4, 3)):
+        b = plan.bytes_per_exchange(itemsize, width)
+        assert b["recv"] == len(ghosts) * itemsize * width
+        assert b["send"] == plan.n_send * itemsize * width
+    assert comm.allreduce(plan.n_send) == comm.allreduce(plan.n_ghost)
+    # the ids this rank sends to q are exactly the ghosts q asked this rank for
+    all_ghosts = comm.allgather(ghosts)
+    ok = True
+    sent = {r: (plan.send_idx[a:b].numpy() + s) for r, a, b in plan._send_slices}
+    for q, gq in enumerate(all_ghosts):
+        want = gq[(gq >= s) & (gq < e)]
+        got = sent.get(q, np.zeros(0, dtype=np.int64))
+        ok &= np.array_equal(np.sort(got), want)
+    ok &= set(plan.neighbours) == {q for q, gq in enumerate(all_ghosts) if ((gq >= s) & (gq < e)).any()} | \
+        set(plan.recv_ranks)
+    # messages go only to ranks that own a ghost
+    owners = set((np.searchsorted(offsets_for(comm.size), ghosts, side="right") - 1).tolist())
+    ok &= set(plan.recv_ranks) == owners
+    assert all_ok(comm, ok)
+
+
+def test_float32_and_empty(comm):
+    plan, s, e, ghosts = make_plan(comm, seed=6, empty_on=tuple(range(comm.size)))
+    assert plan.n_ghost == 0 and comm.allreduce(plan.n_send) == 0
+    x = torch.rand(e - s, dtype=torch.float32)
+    assert plan.forward(x).shape == (0,) and plan.forward(x).dtype == torch.float32
+    assert torch.equal(plan.reverse(torch.zeros(0, dtype=torch.float32)), torch.zeros(e - s))
+    plan2, s, e, ghosts = make_plan(comm, seed=7)
+    xg = global_vec(seed=8).float()
+    assert all_ok(comm, torch.equal(plan2.forward(xg[s:e].clone()), xg[torch.from_numpy(ghosts)]))
+
+
+def test_wrong_first_dim_is_local_error(comm):
+    """A wrong shape raises before any message is posted (every rank passes it here)."""
+    plan, s, e, ghosts = make_plan(comm, seed=9)
+    with pytest.raises(ValueError, match="rows along dim 0"):
+        plan.forward(torch.zeros(e - s + 1))
+    with pytest.raises(ValueError, match="rows along dim 0"):
+        plan.reverse(torch.zeros(len(ghosts) + 1))
+    # the plan still works afterwards
+    xg = global_vec(seed=11)
+    assert all_ok(comm, torch.equal(plan.forward(xg[s:e].clone()), xg[torch.from_numpy(ghosts)]))
