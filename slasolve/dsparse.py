@@ -793,15 +793,16 @@ class DSparseTensor:
         return out
 
     # -- PETSc -----------------------------------------------------------------
-    def to_petsc(self, *, refill: bool = True):
+    def to_petsc(self, *, refill: bool = True, mat_type: Optional[str] = None):
         """Collective. A ``PETSc.Mat`` (MPIAIJ, MPIBAIJ for blocks) with the same ownership.
 
-        The Mat is created once per pattern and cached; a tensor made by
-        :meth:`with_values` gets the *same* Mat back, refilled in place with its
-        values (no rebuild).
+        The Mat is created once per pattern (and ``mat_type``) and cached; a tensor
+        made by :meth:`with_values` gets the *same* Mat back, refilled in place with
+        its values (no rebuild). ``mat_type="aij"`` gives block tensors as AIJ with
+        the block size set (what GAMG needs).
         """
         from .petsc import to_petsc_mat
-        return to_petsc_mat(self, refill=refill)
+        return to_petsc_mat(self, refill=refill, mat_type=mat_type)
 
     def local_rows_csr(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Local. ``(indptr, global column indices, values)`` of the owned rows."""

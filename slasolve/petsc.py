@@ -35,57 +35,77 @@ def _np_values(t: torch.Tensor) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def _local_csr(dA):
-    loc = dA.local
+def _local_csr(dA, scalar: bool = False):
+    """Owned rows as int32/float64 CSR with global columns (block CSR for a block
+    tensor unless ``scalar``)."""
+    loc = dA.local.scalar() if scalar and dA.local.is_block else dA.local
     indptr = loc.indptr.cpu().numpy().astype(_IntType)
     indices = loc.indices.cpu().numpy().astype(_IntType)
     return indptr, indices, _np_values(loc.values).reshape(-1)
 
 
-def _create(dA):
+def _default_type(dA) -> str:
+    return "baij" if dA.local.is_block else "aij"
+
+
+def _create(dA, mat_type: str):
     L = dA._need_row_shard("to_petsc")
     comm = dA.comm
     m, n = (L.rend - L.rstart) * L.br, (L.cend - L.cstart) * L.bc
     Mg, Ng = dA.global_shape[0] * L.br, dA.global_shape[1] * L.bc
-    indptr, indices, vals = _local_csr(dA)
-    if L.block:
-        if L.br != L.bc:
-            raise ValueError(f"PETSc BAIJ needs square blocks, got {L.block}")
+    if L.block and L.br != L.bc:
+        raise ValueError(f"PETSc block matrices need square blocks, got {L.block}")
+    if mat_type == "baij" and L.block:
+        indptr, indices, vals = _local_csr(dA)
         mat = PETSc.Mat().createBAIJ(size=((m, Mg), (n, Ng)), bsize=L.br, csr=(indptr, indices, vals),
                                      comm=comm)
+    elif mat_type == "aij":
+        indptr, indices, vals = _local_csr(dA, scalar=True)
+        mat = PETSc.Mat().createAIJ(size=((m, Mg), (n, Ng)), bsize=L.br if L.block else None,
+                                    csr=(indptr, indices, vals), comm=comm)
     else:
-        mat = PETSc.Mat().createAIJ(size=((m, Mg), (n, Ng)), csr=(indptr, indices, vals), comm=comm)
+        raise ValueError(f"mat_type must be 'aij' or 'baij' (block tensors), got {mat_type!r}")
     mat.setOption(PETSc.Mat.Option.NEW_NONZERO_ALLOCATION_ERR, True)
     mat.assemble()
     return mat
 
 
 def fill_petsc_mat(mat, dA) -> None:
-    """Collective. Write ``dA``'s values into ``mat`` (same pattern) in place."""
-    indptr, indices, vals = _local_csr(dA)
-    L = dA._layout
+    """Collective. Write ``dA``'s values into ``mat`` (same pattern, AIJ or BAIJ) in place."""
     mat.zeroEntries()
-    if L.block:
-        # BAIJ's CSR insertion reads each row of blocks; values row-major per block
+    if dA.local.is_block and "baij" in mat.getType():
+        indptr, indices, vals = _local_csr(dA)
+        # block CSR insertion: values row-major within each block
         mat.setValuesBlockedCSR(indptr, indices, vals, PETSc.InsertMode.INSERT_VALUES)
     else:
+        indptr, indices, vals = _local_csr(dA, scalar=True)
         mat.setValuesCSR(indptr, indices, vals, PETSc.InsertMode.INSERT_VALUES)
     mat.assemble()
 
 
-def to_petsc_mat(dA, *, refill: bool = True):
+def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None):
     """Collective. The cached PETSc Mat of ``dA``, created on first use and refilled in place
-    when ``dA``'s values differ from the last fill."""
+    when ``dA``'s values differ from the last fill.
+
+    ``mat_type``: ``"aij"`` (default for scalar tensors; for block tensors an AIJ Mat
+    with the block size set, which every PETSc preconditioner accepts, GAMG included)
+    or ``"baij"`` (default for block tensors). One Mat per type is cached.
+    """
     L = dA._need_row_shard("to_petsc")
+    mat_type = _default_type(dA) if mat_type is None else mat_type
+    mats = L.__dict__.setdefault("petsc_mats", {})
     vals = dA.values
     stamp = (id(vals), vals._version, vals.data_ptr())
-    if L.petsc_mat is None:
-        L.petsc_mat = _create(dA)
-    elif refill and L.petsc_filled_from != stamp:
-        fill_petsc_mat(L.petsc_mat, dA)
-    L.petsc_filled_from = stamp
-    L.petsc_values_ref = vals  # keep alive so the id() stamp stays unique
-    return L.petsc_mat
+    entry = mats.get(mat_type)
+    if entry is None:
+        entry = mats[mat_type] = [_create(dA, mat_type), stamp]
+    elif refill and entry[1] != stamp:
+        fill_petsc_mat(entry[0], dA)
+        entry[1] = stamp
+    if mat_type == _default_type(dA):
+        L.petsc_mat, L.petsc_filled_from = entry[0], entry[1]
+    L.__dict__.setdefault("petsc_values_refs", {})[mat_type] = vals  # keeps id() stamps unique
+    return entry[0]
 
 
 def from_petsc(mat, *, dtype: torch.dtype = torch.float64):

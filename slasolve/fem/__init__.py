@@ -11,11 +11,24 @@
   (collective; meshio on rank 0 + partitioning), :func:`write_mesh`
   (collective; one VTU piece per rank plus a ``.pvtu`` index, or gathered),
   :func:`boundary_nodes` (local).
+* :mod:`slasolve.fem.assembly` -- :class:`Assembler` (alias :class:`FunctionSpace`;
+  collective): precomputed distributed pattern, vectorised differentiable
+  assembly of stiffness / mass / elasticity matrices and load vectors.
+* :mod:`slasolve.fem.bc` -- :class:`DirichletBC` (symmetric elimination,
+  differentiable), :func:`apply_dirichlet`, :func:`boundary_dofs`.
+* :mod:`slasolve.fem.problems` -- manufactured Poisson / elasticity problems,
+  :func:`l2_error`, :func:`manufactured_solve`.
 """
 from .elements import (CELL_TYPES, cell_dim, elasticity_stiffness, element_volume, infer_cell, load,
                        mass, n_vertices, stiffness)
 from .mesh import Mesh, boundary_nodes, box_mesh, read_mesh, write_mesh
+from .assembly import Assembler, FunctionSpace
+from .bc import DirichletBC, apply_dirichlet, boundary_dofs
+from .problems import FemResult, l2_error, manufactured_solve
 
 __all__ = ["CELL_TYPES", "cell_dim", "n_vertices", "infer_cell", "stiffness", "mass", "load",
            "element_volume", "elasticity_stiffness", "Mesh", "box_mesh", "boundary_nodes",
-           "read_mesh", "write_mesh"]
+           "read_mesh", "write_mesh", "Assembler", "FunctionSpace", "DirichletBC", "apply_dirichlet",
+           "boundary_dofs", "l2_error", "manufactured_solve", "FemResult"]
+from .filters import BoxCells, DensityFilter, cell_laplacian  # noqa: E402
+__all__ += ["BoxCells", "DensityFilter", "cell_laplacian"]

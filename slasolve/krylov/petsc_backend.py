@@ -93,7 +93,9 @@ class PetscKrylov:
         self.comm = dA.comm
         self._dA = dA
         t0 = time.perf_counter()
-        mat = dA.to_petsc()
+        # block tensors go to KSP as AIJ with the block size set: every PC accepts
+        # that (GAMG and hypre do not take BAIJ in PETSc 3.18)
+        mat = dA.to_petsc(mat_type="aij")
         ksp = PETSc.KSP().create(comm=self.comm)
         ksp.setOperators(mat)
         ksp.setType(_KSP_TYPES[method])
@@ -130,7 +132,7 @@ class PetscKrylov:
     def _run(self, ksp, b: torch.Tensor, x0: Optional[torch.Tensor], transpose: bool, *, rtol, atol,
              maxiter, callback, record_history, reset_operators: bool = True) -> tuple:
         if reset_operators:
-            ksp.setOperators(self._dA.to_petsc())  # the Mat is refilled in place when values changed
+            ksp.setOperators(self._dA.to_petsc(mat_type="aij"))  # the Mat is refilled in place when values changed
         kw = {"rtol": rtol, "atol": atol}
         if maxiter is not None:
             kw["max_it"] = int(maxiter)
@@ -196,7 +198,7 @@ class PetscKrylov:
             kspT.setMonitor(self._monitor)
             self._ksp_T = kspT
             self._ksp_T_state = None
-        mat = self._dA.to_petsc()
+        mat = self._dA.to_petsc(mat_type="aij")
         state = mat.stateGet() if hasattr(mat, "stateGet") else None
         if self._ksp_T_state is None or state != self._ksp_T_state:
             self._matT = mat.transpose()

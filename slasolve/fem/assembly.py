@@ -1,0 +1,439 @@
+"""Distributed, vectorised, differentiable finite element assembly (DESIGN.md section 7).
+
+An :class:`Assembler` is built once per mesh and dof layout (collective). It
+precomputes, with no Python loop over elements or nonzeros,
+
+* the CSR pattern of the rows this rank owns (element connectivity -> COO keys
+  -> ``unique``), including the entries that *other* ranks' cells contribute to
+  its rows;
+* for every entry ``(e, i, j)`` of every local element matrix, its slot: a
+  position in the owned nonzeros, or a position in the list of *remote*
+  nonzeros (rows owned by another rank);
+* a :class:`~slasolve.halo.HaloPlan` over the distributed nonzero numbering
+  (each rank's owned-row nonzeros numbered contiguously, rank after rank): the
+  remote nonzeros are its ghosts. The owners' nnz positions of the remote
+  ``(row, col)`` pairs are learnt once, by point-to-point messages;
+* a node-level HaloPlan (owned nodes / ghost nodes of the mesh) for load
+  vectors and for fetching ghost values of nodal fields.
+
+Every assembly is then: element matrices for all local cells at once
+(:mod:`slasolve.fem.elements`, differentiable in the coefficients), one
+``index_add`` into ``owned + remote`` slots, ``plan.reverse(remote)`` added to
+the owned values, and ``template.with_values(values)``: the returned
+:class:`~slasolve.DSparseTensor` always has the *same* layout, halo plan and
+cached PETSc Mat (refilled in place by ``to_petsc``).
+
+Dofs. Scalar spaces (``block_size=1``): dof = global node id. Vector spaces
+(``block_size=dim`` for elasticity): dof ``node * bs + component``
+(node-major), stored as a block (BSR) tensor with ``block_shape (bs, bs)``.
+Rank ``r`` owns the dofs of its owned nodes, ``dof_range = (start * bs, end * bs)``.
+Vectors are torch tensors of the owned dofs, shape ``(n_owned_dofs,)``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from .._comm import check_collective
+from ..dsparse import DSparseTensor
+from ..halo import HaloPlan
+from . import elements as _el
+from .mesh import Mesh
+
+__all__ = ["Assembler", "FunctionSpace"]
+
+Coef = Union[float, int, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
+
+_TAG_KEYS, _TAG_POS = 811, 812
+
+
+def _exchange(comm: MPI.Comm, send: np.ndarray, send_counts: np.ndarray):
+    """Collective. Point-to-point exchange of ``send`` (grouped by destination rank,
+    ``send_counts[r]`` items for rank ``r``). Returns ``(recv, recv_counts)``."""
+    size = comm.Get_size()
+    recv_counts = np.empty(size, dtype=np.int64)
+    comm.Alltoall(np.ascontiguousarray(send_counts, dtype=np.int64), recv_counts)
+    so = np.concatenate([[0], np.cumsum(send_counts)]).astype(np.int64)
+    ro = np.concatenate([[0], np.cumsum(recv_counts)]).astype(np.int64)
+    recv = np.empty(int(ro[-1]), dtype=send.dtype)
+    reqs = [comm.Irecv(recv[ro[r]:ro[r + 1]], source=r, tag=_TAG_KEYS)
+            for r in range(size) if recv_counts[r]]
+    reqs += [comm.Isend(send[so[r]:so[r + 1]], dest=r, tag=_TAG_KEYS)
+             for r in range(size) if send_counts[r]]
+    MPI.Request.Waitall(reqs)
+    return recv, recv_counts
+
+
+def _reply(comm: MPI.Comm, answer: np.ndarray, recv_counts: np.ndarray, send_counts: np.ndarray):
+    """Collective. Send ``answer`` (aligned with what :func:`_exchange` received) back."""
+    size = comm.Get_size()
+    ro = np.concatenate([[0], np.cumsum(recv_counts)]).astype(np.int64)
+    so = np.concatenate([[0], np.cumsum(send_counts)]).astype(np.int64)
+    out = np.empty(int(so[-1]), dtype=answer.dtype)
+    reqs = [comm.Irecv(out[so[r]:so[r + 1]], source=r, tag=_TAG_POS) for r in range(size) if send_counts[r]]
+    reqs += [comm.Isend(answer[ro[r]:ro[r + 1]], dest=r, tag=_TAG_POS) for r in range(size) if recv_counts[r]]
+    MPI.Request.Waitall(reqs)
+    return out
+
+
+class Assembler:
+    """Collective (constructor). Assembly of matrices and vectors on a distributed :class:`Mesh`.
+
+    Parameters
+    ----------
+    mesh : Mesh
+    block_size : int
+        1 for scalar problems (Poisson, heat), ``mesh.dim`` for vector problems
+        (linear elasticity): block (BSR) matrices with ``block_shape (bs, bs)``.
+    device : torch device, optional
+        Where element matrices and assembled values live (default: the mesh's).
+
+    Attributes
+    ----------
+    dof_range : (start, end) owned scalar dofs; ``n_owned_dofs``, ``n_global_dofs``.
+    cell_range : (start, end) the global indices of the local cells (cells are
+        numbered contiguously rank after rank; for :func:`box_mesh` this is the
+        lexicographic cell order, independent of the number of ranks).
+    nnz : owned (block) nonzeros; ``nnz_plan``: the nonzero-level HaloPlan;
+    ``node_plan``: the node-level HaloPlan.
+    """
+
+    def __init__(self, mesh: Mesh, block_size: int = 1, *, device=None):
+        if not isinstance(mesh, Mesh):
+            raise TypeError(f"mesh must be a slasolve.fem.Mesh, got {type(mesh).__name__}")
+        comm = mesh.comm
+        err = None
+        if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)) or \
+                block_size not in (1, mesh.dim):
+            err = ValueError(f"block_size must be 1 (scalar) or mesh.dim = {mesh.dim} (vector), "
+                             f"got {block_size!r}")
+        check_collective(comm, err)
+        self.mesh = mesh
+        self.comm = comm
+        self.bs = int(block_size)
+        self.cell = mesh.cell_type
+        self.dim = mesh.dim
+        self.device = torch.device(device) if device is not None else mesh.node_coords.device
+        rank, size = comm.Get_rank(), comm.Get_size()
+        s, e = mesh.owned_range
+        self.node_offsets = np.asarray(comm.allgather(int(s)) + [int(mesh.n_global_nodes)], dtype=np.int64) \
+            if size > 1 else np.array([0, mesh.n_global_nodes], dtype=np.int64)
+        N = int(mesh.n_global_nodes)
+        self.N = N
+        bs = self.bs
+        self.dof_range = (s * bs, e * bs)
+        self.n_owned_nodes = e - s
+        self.n_owned_dofs = (e - s) * bs
+        self.n_global_dofs = N * bs
+        ncells = comm.allgather(int(mesh.n_local_cells)) if size > 1 else [int(mesh.n_local_cells)]
+        c0 = int(sum(ncells[:rank]))
+        self.cell_range = (c0, c0 + int(mesh.n_local_cells))
+        self.n_global_cells = int(sum(ncells))
+
+        # ---- geometry of the local cells
+        lc = mesh.local_cells()                                     # (E, nv) positions in node_ids
+        self.cell_coords = mesh.node_coords[lc].to(self.device)
+        self.local_cells = lc.to(self.device)
+        owned_mask = mesh.owned_mask()
+        self._owned_pos = torch.nonzero(owned_mask).flatten()      # contiguous
+        self._ghost_pos = torch.nonzero(~owned_mask).flatten()
+        self.node_plan = HaloPlan(comm, (s, e), mesh.node_ids[~owned_mask], offsets=self.node_offsets)
+
+        # ---- matrix pattern (node level)
+        gc = mesh.cells.to(torch.int64)
+        E, nv = gc.shape
+        self.nv = nv
+        key = (gc[:, :, None] * N + gc[:, None, :]).reshape(-1)   # entry (e, i, j): row * N + col
+        owned_vert = (gc >= s) & (gc < e)
+        all_owned = bool(owned_vert.all())
+        own_row = None if all_owned else owned_vert[:, :, None].expand(E, nv, nv).reshape(-1)
+        if all_owned:
+            rkeys, rinv = key[:0], key[:0]
+        else:
+            rkeys, rinv = torch.unique(key[~own_row], sorted=True, return_inverse=True)
+        rk = rkeys.numpy()
+        owner = np.searchsorted(self.node_offsets, rk // N, side="right") - 1
+        send_counts = np.bincount(owner, minlength=size).astype(np.int64)
+        xcomm = comm.Dup() if size > 1 else comm
+        try:
+            if size > 1:
+                recv_keys, recv_counts = _exchange(xcomm, np.ascontiguousarray(rk), send_counts)
+            else:
+                recv_keys, recv_counts = np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
+            own_keys = key if all_owned else key[own_row]
+            n_own_entries = own_keys.numel()
+            okeys, oinv = torch.unique(torch.cat([own_keys, torch.from_numpy(recv_keys)]), sorted=True,
+                                       return_inverse=True)
+            self.nnz = int(okeys.numel())
+            nnz_counts = comm.allgather(self.nnz) if size > 1 else [self.nnz]
+            self.nnz_offsets = np.concatenate([[0], np.cumsum(nnz_counts)]).astype(np.int64)
+            off = int(self.nnz_offsets[rank])
+            if size > 1:
+                ans = (oinv[n_own_entries:].numpy() + off).astype(np.int64)
+                remote_gid = _reply(xcomm, ans, recv_counts, send_counts)
+            else:
+                remote_gid = np.empty(0, dtype=np.int64)
+        finally:
+            if size > 1:
+                xcomm.Free()
+        prow = torch.div(okeys, N, rounding_mode="floor")
+        self.indices = okeys - prow * N                            # global node (block) columns
+        self.indptr = torch.zeros(e - s + 1, dtype=torch.int64)
+        self.indptr[1:] = torch.cumsum(torch.bincount(prow - s, minlength=e - s), 0)
+        self.nnz_plan = HaloPlan(comm, (off, off + self.nnz), remote_gid, offsets=self.nnz_offsets)
+        self.n_remote = int(remote_gid.size)
+        if all_owned:
+            slot = oinv[:n_own_entries]
+        else:
+            slot = torch.empty(E * nv * nv, dtype=torch.int64)
+            slot[own_row] = oinv[:n_own_entries]
+            slot[~own_row] = self.nnz + rinv
+        self._slot = slot.to(self.device)
+        self._node_slot = self.local_cells.reshape(-1)
+
+        dtype = mesh.node_coords.dtype
+        shape = (N, N) + ((bs, bs) if bs > 1 else ())
+        zeros = torch.zeros((self.nnz,) + ((bs, bs) if bs > 1 else ()), dtype=dtype)
+        self.template = DSparseTensor.from_local_rows(self.indptr, self.indices, zeros, shape, comm,
+                                                      block_shape=(bs, bs) if bs > 1 else ()).to(self.device)
+        # position of each stored entry's column in cat(owned nodes, template ghosts)
+        L = self.template._layout
+        self._row_local = self.template.local.row_indices().to(self.device)        # 0-based owned row
+        cols_t = self.indices.to(self.device)
+        ghosts = L.ghost_ids.to(self.device)
+        is_own = (cols_t >= s) & (cols_t < e)
+        colpos = torch.where(is_own, cols_t - s,
+                             (e - s) + torch.searchsorted(ghosts, cols_t).clamp(max=max(ghosts.numel() - 1, 0)))
+        self._col_ext = colpos
+
+    # ------------------------------------------------------------------ helpers
+    def __repr__(self) -> str:
+        return (f"Assembler(cell={self.cell!r}, block_size={self.bs}, owned_dofs={self.n_owned_dofs}, "
+                f"global_dofs={self.n_global_dofs}, nnz={self.nnz}, remote_nnz={self.n_remote})")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.cell_coords.dtype
+
+    def _coef(self, name: str, c: Coef) -> Union[float, torch.Tensor]:
+        """Numbers and per-cell tensors pass through; callables are evaluated at the cell centroids."""
+        if callable(c) and not isinstance(c, torch.Tensor):
+            c = c(self.cell_coords.mean(1))
+            if not isinstance(c, torch.Tensor):
+                c = torch.as_tensor(np.asarray(c), dtype=self.dtype, device=self.device)
+        if isinstance(c, torch.Tensor):
+            E = self.mesh.n_local_cells
+            if c.dim() == 1 and c.shape[0] != E:
+                raise ValueError(f"{name} must have one value per local cell ({E},) "
+                                 f"(cells {self.cell_range[0]}..{self.cell_range[1]} of {self.n_global_cells}), "
+                                 f"got shape {tuple(c.shape)}")
+        return c
+
+    def _collective(self, fn, *args):
+        """Run a local kernel; a ValueError/TypeError on any rank is raised on every rank."""
+        out, err = None, None
+        try:
+            out = fn(*args)
+        except (ValueError, TypeError) as ex:
+            err = ex
+        check_collective(self.comm, err)
+        return out
+
+    def owned_coords(self) -> torch.Tensor:
+        """Local. ``(n_owned_nodes, dim)`` coordinates of the owned nodes (dof order)."""
+        return self.mesh.owned_node_coords().to(self.device)
+
+    def owned_dof_coords(self) -> torch.Tensor:
+        """Local. ``(n_owned_dofs, dim)`` coordinates of every owned dof."""
+        x = self.owned_coords()
+        return x.repeat_interleave(self.bs, 0) if self.bs > 1 else x
+
+    def interpolate(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Local. Nodal interpolant of ``fn`` on the owned dofs, ``(n_owned_dofs,)``.
+        ``fn(x)`` gets ``(n, dim)`` coordinates and returns ``(n,)`` or ``(n, bs)``."""
+        v = fn(self.owned_coords())
+        return torch.as_tensor(v, dtype=self.dtype, device=self.device).reshape(-1)
+
+    def fetch_ghosts(self, x_owned: torch.Tensor) -> torch.Tensor:
+        """Collective. Values on every local node (``mesh.node_ids`` order), shape
+        ``(n_local_nodes, bs)`` (``(n_local_nodes,)`` for scalars), from the owned dofs.
+        Differentiable (forward halo exchange)."""
+        bs = self.bs
+        xo = x_owned.reshape(self.n_owned_nodes, bs)
+        xg = self.node_plan.forward(xo)
+        n = self.mesh.node_ids.shape[0]
+        out = xo.new_zeros((n, bs))
+        out = out.index_copy(0, self._owned_pos.to(xo.device), xo)
+        out = out.index_copy(0, self._ghost_pos.to(xo.device), xg)
+        return out if bs > 1 else out.reshape(-1)
+
+    # ------------------------------------------------------------------ generic assembly
+    def assemble_matrix(self, element_matrices: torch.Tensor, *, check: bool = True) -> DSparseTensor:
+        """Collective. Sum element matrices ``(E, nv*bs, nv*bs)`` (local dofs node-major) into the
+        distributed matrix. Differentiable in ``element_matrices``; same layout every call.
+        ``check=False`` skips the (collective) shape/finiteness validation."""
+        E, nv, bs = self.mesh.n_local_cells, self.nv, self.bs
+        err = None
+        n = nv * bs
+        if not check:
+            pass
+        elif not isinstance(element_matrices, torch.Tensor):
+            err = TypeError(f"element_matrices must be a torch.Tensor, got {type(element_matrices).__name__}")
+        elif element_matrices.shape != (E, n, n):
+            err = ValueError(f"element_matrices must have shape ({E}, {n}, {n}), got "
+                             f"{tuple(element_matrices.shape)}")
+        elif not bool(torch.isfinite(element_matrices.detach()).all()):
+            err = ValueError("element_matrices contains NaN or infinite values")
+        if check:
+            check_collective(self.comm, err)
+        Ke = element_matrices.to(self.device)
+        if bs > 1:
+            flat = Ke.reshape(E, nv, bs, nv, bs).permute(0, 1, 3, 2, 4).reshape(E * nv * nv, bs, bs)
+        else:
+            flat = Ke.reshape(E * nv * nv)
+        buf = flat.new_zeros((self.nnz + self.n_remote,) + flat.shape[1:])
+        buf = buf.index_add(0, self._slot, flat)
+        values = buf[:self.nnz]
+        if self.comm.Get_size() > 1:
+            values = values + self.nnz_plan.reverse(buf[self.nnz:])
+        return self.template.with_values(values)
+
+    def assemble_vector(self, element_vectors: torch.Tensor, *, check: bool = True) -> torch.Tensor:
+        """Collective. Sum element vectors ``(E, nv*bs)`` (or ``(E, nv, bs)``) into the owned
+        dofs ``(n_owned_dofs,)``; ghost-node contributions go to their owners (reverse halo)."""
+        E, nv, bs = self.mesh.n_local_cells, self.nv, self.bs
+        err = None
+        if not check:
+            pass
+        elif not isinstance(element_vectors, torch.Tensor):
+            err = TypeError(f"element_vectors must be a torch.Tensor, got {type(element_vectors).__name__}")
+        elif element_vectors.numel() != E * nv * bs or element_vectors.shape[0] != E:
+            err = ValueError(f"element_vectors must have shape ({E}, {nv * bs}), got "
+                             f"{tuple(element_vectors.shape)}")
+        elif not bool(torch.isfinite(element_vectors.detach()).all()):
+            err = ValueError("element_vectors contains NaN or infinite values")
+        if check:
+            check_collective(self.comm, err)
+        fe = element_vectors.to(self.device).reshape(E * nv, bs)
+        n = self.mesh.node_ids.shape[0]
+        buf = fe.new_zeros((n, bs)).index_add(0, self._node_slot, fe)
+        owned = buf[self._owned_pos.to(fe.device)]
+        if self.comm.Get_size() > 1:
+            owned = owned + self.node_plan.reverse(buf[self._ghost_pos.to(fe.device)])
+        return owned.reshape(-1)
+
+    # ------------------------------------------------------------------ operators
+    def stiffness(self, kappa: Coef = 1.0) -> DSparseTensor:
+        """Collective. Stiffness ``∫ kappa ∇u·∇v`` (scalar space). ``kappa``: number, per-local-cell
+        tensor ``(E,)`` (may require grad) or a callable of the cell centroids ``(E, dim)``."""
+        check_collective(self.comm, None if self.bs == 1 else
+                         ValueError("stiffness() needs a scalar space (block_size=1); use elasticity()"))
+        Ke = self._collective(lambda: _el.stiffness(self.cell_coords, self._coef("kappa", kappa), self.cell))
+        return self.assemble_matrix(Ke, check=False)
+
+    def mass(self, rho: Coef = 1.0) -> DSparseTensor:
+        """Collective. Consistent mass ``∫ rho u·v`` (``rho`` as ``kappa`` in :meth:`stiffness`);
+        for a vector space the block mass ``M ⊗ I``."""
+        Me = self._collective(lambda: _el.mass(self.cell_coords, self._coef("rho", rho), self.cell))
+        if self.bs > 1:
+            E, nv, bs = Me.shape[0], self.nv, self.bs
+            eye = torch.eye(bs, dtype=Me.dtype, device=Me.device)
+            Me = (Me[:, :, None, :, None] * eye[None, None, :, None, :]).reshape(E, nv * bs, nv * bs)
+        return self.assemble_matrix(Me, check=False)
+
+    def elasticity(self, young: Coef = 1.0, nu: Coef = 0.3, kind: Optional[str] = None) -> DSparseTensor:
+        """Collective. Isotropic linear elasticity (vector space, ``block_size=dim``).
+        ``kind``: ``"plane_strain"`` (2-D default here) / ``"plane_stress"`` / ``"3d"``."""
+        check_collective(self.comm, None if self.bs == self.dim else
+                         ValueError(f"elasticity() needs a vector space (block_size={self.dim})"))
+        if kind is None:
+            kind = "plane_strain" if self.dim == 2 else "3d"
+        Ke = self._collective(lambda: _el.elasticity_stiffness(
+            self.cell_coords, self._coef("young", young), self._coef("nu", nu), self.cell, kind))
+        return self.assemble_matrix(Ke, check=False)
+
+    def _nodal_on_cells(self, f) -> torch.Tensor:
+        """(E, nv, bs) values of ``f`` at each local cell's vertices."""
+        E, nv, bs = self.mesh.n_local_cells, self.nv, self.bs
+        dt, dev = self.dtype, self.device
+        if callable(f) and not isinstance(f, torch.Tensor):
+            v = f(self.mesh.node_coords.to(dev))
+            v = torch.as_tensor(v, dtype=dt, device=dev) if not isinstance(v, torch.Tensor) else v
+            n = self.mesh.node_ids.shape[0]
+            if v.numel() != n * bs:
+                raise ValueError(f"f(x) must return ({n},)" + ("" if bs == 1 else f" or ({n}, {bs})") +
+                                 f" values for {n} points, got shape {tuple(v.shape)}")
+            vloc = v.reshape(n, bs)
+        elif isinstance(f, torch.Tensor) and f.dim() >= 2 and f.shape[0] == E and f.shape[1] == nv:
+            if f.numel() != E * nv * bs:
+                raise ValueError(f"f must have shape ({E}, {nv}" + ("" if bs == 1 else f", {bs}") +
+                                 f") (values at each cell's vertices), got {tuple(f.shape)}")
+            return f.to(dtype=dt, device=dev).reshape(E, nv, bs)
+        elif isinstance(f, torch.Tensor) and f.dim() in (1, 2) and f.shape[0] in (self.n_owned_dofs,
+                                                                                 self.n_owned_nodes) \
+                and f.numel() == self.n_owned_dofs:
+            raise _OwnedValues(f)  # owned nodal values: the caller fetches ghosts collectively
+        elif isinstance(f, (int, float, torch.Tensor)) and not isinstance(f, bool) and \
+                (not isinstance(f, torch.Tensor) or f.numel() in (1, bs)):
+            c = torch.as_tensor(f, dtype=dt, device=dev).reshape(-1)
+            if not bool(torch.isfinite(c.detach()).all()):
+                raise ValueError(f"f must be finite, got {f}")
+            return c.expand(bs).reshape(1, 1, bs).expand(E, nv, bs)
+        elif isinstance(f, torch.Tensor):
+            raise ValueError(f"f has shape {tuple(f.shape)}; expected owned nodal values ({self.n_owned_dofs},), "
+                             f"per-cell vertex values ({E}, {nv}" + ("" if bs == 1 else f", {bs}") +
+                             ") or a constant")
+        else:
+            raise TypeError("f must be a number, a callable f(x), a tensor of owned nodal values "
+                            f"({self.n_owned_dofs},) or of per-cell vertex values ({E}, {nv}"
+                            + ("" if bs == 1 else f", {bs}") + f"), got {type(f).__name__}")
+        if not bool(torch.isfinite(vloc.detach()).all()):
+            raise ValueError("f contains NaN or infinite values")
+        return vloc[self.local_cells]
+
+    def load(self, f=1.0) -> torch.Tensor:
+        """Collective. Consistent load vector ``∫ f·v`` on the owned dofs, ``(n_owned_dofs,)``.
+
+        ``f``: a number (or ``bs`` numbers), a callable ``f(x)`` of ``(n, dim)`` node
+        coordinates returning ``(n,)`` / ``(n, bs)``, a tensor of owned nodal values
+        ``(n_owned_dofs,)`` (ghost values fetched; differentiable), or per-cell vertex
+        values ``(E, nv[, bs])``. ``f`` is interpolated with the element's shape functions.
+        """
+        fe, err, owned = None, None, None
+        try:
+            fe = self._nodal_on_cells(f)
+        except _OwnedValues as o:
+            owned = o.values
+        except (ValueError, TypeError) as ex:
+            err = ex
+        check_collective(self.comm, err)
+        # ranks must agree on the branch (owned values need a collective ghost fetch)
+        flag = self.comm.allreduce(int(owned is not None), op=MPI.MAX) if self.comm.Get_size() > 1 \
+            else int(owned is not None)
+        if flag:
+            check_collective(self.comm, None if owned is not None else
+                             ValueError("f is owned nodal values on some ranks but not on others"))
+            if not bool(torch.isfinite(owned.detach()).all()):
+                err = ValueError("f contains NaN or infinite values")
+            check_collective(self.comm, err)
+            vloc = self.fetch_ghosts(owned.to(dtype=self.dtype, device=self.device))
+            fe = vloc.reshape(-1, self.bs)[self.local_cells]
+        Me = self._collective(lambda: _el.mass(self.cell_coords, 1.0, self.cell))
+        be = torch.einsum("eij,ejd->eid", Me, fe)
+        return self.assemble_vector(be, check=False)
+
+    def zeros(self) -> torch.Tensor:
+        """Local. A zero vector of the owned dofs."""
+        return torch.zeros(self.n_owned_dofs, dtype=self.dtype, device=self.device)
+
+
+class _OwnedValues(Exception):
+    def __init__(self, values):
+        super().__init__("owned values")
+        self.values = values
+
+
+FunctionSpace = Assembler
