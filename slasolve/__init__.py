@@ -23,3 +23,6 @@ def from_petsc(mat, **kwargs):
     (see :func:`slasolve.petsc.from_petsc`); petsc4py is imported only here."""
     from .petsc import from_petsc as _from_petsc
     return _from_petsc(mat, **kwargs)
+
+# -- eigensolvers --
+from .eigen import EigenConvergenceError, EigenInfo, eigsh  # noqa: E402

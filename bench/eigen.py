@@ -1,0 +1,214 @@
+"""Benchmark: k smallest eigenpairs of the 2-D Poisson matrix (5-point FD, Dirichlet).
+
+Run serially or under MPI (the timings of one run are compared with each other):
+
+    python bench/eigen.py --n 500                       # 250k unknowns, 1 rank
+    mpirun -n 2 python bench/eigen.py --n 500 --json out.json
+
+Compared, in the same run and with identical settings (shift-and-invert at
+``sigma = 0``, Krylov-Schur, LU by MUMPS, ``tol``, ``nev = k``, the same
+initial vector, SLEPc's default ``ncv``):
+
+* ``slepc4py``    -- raw slepc4py on a Mat assembled directly by PETSc;
+* ``slasolve-slepc`` -- ``slasolve.eigsh(dA, k, sigma=0, backend="slepc")``
+  (the full call: input checks, EPS, sign convention, explicit residuals);
+* ``slasolve-torch`` -- ``slasolve.eigsh(dA, k, which="SA", backend="torch")``
+  (native LOBPCG, block-Jacobi IC(0) preconditioner by default; ``--torch-pc``);
+* ``scipy-arpack`` -- ``scipy.sparse.linalg.eigsh(A, k, sigma=0)`` on rank 0
+  with the global matrix (SuperLU), the other ranks idle.
+
+Times are wall-clock seconds, the minimum over ``--repeat`` runs after one
+warm-up run (the warm-up builds and caches the PETSc Mat); ratios are relative
+to raw slepc4py. The hook for other comparisons (torch-sla, ...) is
+:func:`run_benchmark`, which returns the measurements as a dict.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+
+def _split(n, size, rank):
+    counts = np.full(size, n // size, dtype=np.int64)
+    counts[: n % size] += 1
+    offs = np.concatenate([[0], np.cumsum(counts)])
+    return int(offs[rank]), int(offs[rank + 1])
+
+
+def poisson2d_local_rows(m, rstart, rend):
+    """CSR (indptr, global cols, values) of rows [rstart, rend) of the m x m grid Laplacian."""
+    rows = np.arange(rstart, rend, dtype=np.int64)
+    i, j = rows // m, rows % m
+    cols, vals, counts = [], [], np.zeros(rows.size, dtype=np.int64)
+    entries = [(-m, i > 0), (-1, j > 0), (0, np.ones_like(i, dtype=bool)), (1, j < m - 1), (m, i < m - 1)]
+    cc = np.stack([rows + off for off, _ in entries], 1)
+    mask = np.stack([ok for _, ok in entries], 1)
+    vv = np.where(np.arange(5)[None, :] == 2, 4.0, -1.0) * np.ones_like(cc, dtype=np.float64)
+    counts = mask.sum(1)
+    indptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    cols = cc[mask]
+    vals = vv[mask]
+    return indptr, cols, vals
+
+
+def analytic(m, k):
+    e = 4 * np.sin(np.arange(1, m + 1) * np.pi / (2 * (m + 1))) ** 2
+    return np.sort((e[:, None] + e[None, :]).ravel())[:k]
+
+
+def _timed(fn, repeat, comm):
+    out = fn()   # warm-up
+    ts = []
+    for _ in range(repeat):
+        comm.Barrier()
+        t = time.perf_counter()
+        out = fn()
+        comm.Barrier()
+        ts.append(time.perf_counter() - t)
+    return min(ts), out
+
+
+def run_benchmark(n=500, k=6, tol=1e-8, repeat=2, comm=None, torch_backend=True, torch_pc="icc",
+                  torch_maxiter=20000, scipy_run=True, threads=1):
+    """Collective. Run the comparison on an n x n grid; return a dict of measurements
+    (identical on every rank except ``scipy`` entries, which rank 0 fills)."""
+    from petsc4py import PETSc
+    from slepc4py import SLEPc
+
+    from slasolve.dsparse import DSparseTensor
+    from slasolve.eigen import eigsh
+    from slasolve.eigen.slepc_backend import configure_eps
+    from slasolve.eigen.torch_methods import start_vectors
+
+    torch.set_num_threads(threads)
+    comm = comm or MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    N = n * n
+    rstart, rend = _split(N, size, rank)
+    indptr, cols, vals = poisson2d_local_rows(n, rstart, rend)
+    dA = DSparseTensor.from_local_rows(indptr, cols, torch.tensor(vals), (N, N), comm)
+    ref = analytic(n, k)
+    v0 = start_vectors(rend - rstart, 1, row_offset=rstart, seed=0, dtype=torch.float64)[:, 0]
+    res = {"n_grid": n, "unknowns": N, "k": k, "tol": tol, "ranks": size, "threads": threads,
+           "mumps": bool(PETSc.Sys.hasExternalPackage("mumps")), "times": {}, "errors": {}}
+
+    # raw slepc4py: the Mat assembled by PETSc, the EPS configured as slasolve does
+    mat = PETSc.Mat().createAIJ(size=((rend - rstart, N), (rend - rstart, N)),
+                                csr=(indptr.astype(PETSc.IntType), cols.astype(PETSc.IntType), vals),
+                                comm=comm)
+    mat.assemble()
+    x0 = mat.createVecs("right")
+    x0.getArray()[:] = v0.numpy()
+
+    def raw():
+        eps = SLEPc.EPS().create(comm=comm)
+        eps.setOperators(mat)
+        configure_eps(eps, k=k, which="LM", sigma=0.0, tol=tol, maxiter=None, ncv=None, generalized=False)
+        eps.setInitialSpace([x0])
+        eps.setFromOptions()
+        eps.solve()
+        nconv = eps.getConverged()
+        vr = mat.createVecs("right")
+        ws, vs = [], []
+        for i in range(min(nconv, k)):
+            ws.append(eps.getEigenpair(i, vr).real)
+            vs.append(vr.getArray().copy())
+        eps.destroy()
+        vr.destroy()
+        return np.sort(np.array(ws))
+
+    t, w = _timed(raw, repeat, comm)
+    res["times"]["slepc4py"] = t
+    res["errors"]["slepc4py"] = float(np.max(np.abs(w - ref) / ref))
+
+    def sl():
+        return eigsh(dA, k=k, sigma=0.0, tol=tol, backend="slepc")[0].numpy()
+
+    t, w = _timed(sl, repeat, comm)
+    res["times"]["slasolve-slepc"] = t
+    res["errors"]["slasolve-slepc"] = float(np.max(np.abs(w - ref) / ref))
+
+    if torch_backend:
+        def tb():
+            w, V, info = eigsh(dA, k=k, which="SA", tol=tol, backend="torch", pc=torch_pc,
+                               maxiter=torch_maxiter, return_info=True, raise_on_fail=False)
+            return w.numpy(), info
+        comm.Barrier()
+        t0 = time.perf_counter()
+        w, info = tb()     # one run: the native solve is the long one
+        comm.Barrier()
+        res["times"]["slasolve-torch"] = time.perf_counter() - t0
+        res["errors"]["slasolve-torch"] = float(np.max(np.abs(w - ref) / ref))
+        res["torch_iterations"] = info.iterations
+        res["torch_converged"] = info.converged
+        res["torch_pc"] = str(torch_pc)
+
+    if scipy_run:
+        t_sc = err = None
+        if rank == 0:
+            import scipy.sparse as sp
+            import scipy.sparse.linalg as spla
+            ip, cc, vv = poisson2d_local_rows(n, 0, N)
+            A = sp.csr_matrix((vv, cc, ip), shape=(N, N))
+            t0 = time.perf_counter()
+            ws = spla.eigsh(A, k=k, sigma=0.0, tol=tol, v0=start_vectors(N, 1, seed=0).numpy()[:, 0],
+                            return_eigenvectors=True)[0]
+            t_sc = time.perf_counter() - t0
+            err = float(np.max(np.abs(np.sort(ws) - ref) / ref))
+        t_sc, err = comm.bcast((t_sc, err), root=0)
+        res["times"]["scipy-arpack"] = t_sc
+        res["errors"]["scipy-arpack"] = err
+    base = res["times"]["slepc4py"]
+    res["ratios"] = {key: v / base for key, v in res["times"].items()}
+    mat.destroy()
+    x0.destroy()
+    return res
+
+
+def print_table(res):
+    print(f"\n2-D Poisson, {res['n_grid']}x{res['n_grid']} = {res['unknowns']} unknowns, k={res['k']}, "
+          f"tol={res['tol']:g}, {res['ranks']} rank(s), mumps={res['mumps']}")
+    print(f"{'solver':<18}{'time [s]':>12}{'ratio':>10}{'max rel err':>14}")
+    for key, t in res["times"].items():
+        print(f"{key:<18}{t:>12.3f}{res['ratios'][key]:>10.2f}{res['errors'][key]:>14.2e}")
+    if "torch_iterations" in res:
+        print(f"(torch: LOBPCG + {res['torch_pc']}, {res['torch_iterations']} iterations, "
+              f"{res['torch_converged']}/{res['k']} converged; slepc/scipy: shift-invert sigma=0)")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=500, help="grid side (unknowns = n^2; default 500)")
+    p.add_argument("--k", type=int, default=6)
+    p.add_argument("--tol", type=float, default=1e-8)
+    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--no-torch", action="store_true", help="skip the native torch backend")
+    p.add_argument("--torch-pc", default="icc", help="LOBPCG preconditioner (jacobi, icc, none)")
+    p.add_argument("--torch-maxiter", type=int, default=20000)
+    p.add_argument("--no-scipy", action="store_true")
+    p.add_argument("--json", default=None, help="write the measurements to this JSON file (rank 0)")
+    a = p.parse_args(argv)
+    res = run_benchmark(n=a.n, k=a.k, tol=a.tol, repeat=a.repeat, torch_backend=not a.no_torch,
+                        torch_pc=a.torch_pc, torch_maxiter=a.torch_maxiter, scipy_run=not a.no_scipy,
+                        threads=a.threads)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print_table(res)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(res, f, indent=2)
+    return res
+
+
+if __name__ == "__main__":
+    main()

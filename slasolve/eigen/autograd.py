@@ -1,0 +1,204 @@
+"""Adjoint of the symmetric (generalized) eigenproblem ``A v = w M v``.
+
+``_EigshFunction`` maps A's local values (and M's) to ``(w, V)``; the forward
+is the already computed solution, the backward is **collective** (every rank
+calls it, as every rank called :func:`~slasolve.eigsh`).
+
+Derivation (``V^T M V = I``, ``w`` simple)
+-----------------------------------------
+First-order perturbation of a pair ``(w_j, v_j)``::
+
+    dw_j = v_j^T (dA - w_j dM) v_j
+    dv_j = sum_{i != j} v_i v_i^T (dA - w_j dM) v_j / (w_j - w_i) - 1/2 v_j (v_j^T dM v_j)
+
+(the sum over *all* eigenvectors ``i``). For a loss with gradients ``g = dL/dw``
+and ``G = dL/dV`` this gives ``dL = sum_j <S_j, dA> + <T_j, dM>`` with::
+
+    S_j = g_j v_j v_j^T + u_j v_j^T
+    T_j = -w_j (g_j v_j v_j^T + u_j v_j^T) - 1/2 (G_j . v_j) v_j v_j^T
+    u_j = sum_{i != j} v_i (v_i^T G_j) / (w_j - w_i)
+
+``u_j`` is the solution of the singular, symmetric system
+``(A - w_j M) u_j = -(I - M v_j v_j^T) G_j`` with ``v_j^T M u_j = 0``. It is split
+over the computed eigenvectors ``V`` (``k`` of them) and their M-orthogonal
+complement:
+
+* the part in ``span(V)`` is explicit: ``C = V^T G`` (one reduction),
+  ``u_j += sum_{i != j} v_i C_ij / (w_j - w_i)``;
+* the rest solves the deflated system ``P^T (A - w_j M) P y = -P^T G_j`` with
+  the M-orthogonal projector ``P = I - V V^T M`` applied inside the operator,
+  by the native (collective) MINRES of :mod:`slasolve.krylov.torch_methods`
+  (unpreconditioned; ``grad_rtol`` / ``grad_maxiter``), then ``u_j += P y``. The
+  deflated operator is nonsingular on the complement as long as ``w_j`` is not an
+  eigenvalue outside the computed set; it is SPD there when the ``k`` computed
+  eigenvalues are the smallest ones.
+
+The value gradients are the entries of the (symmetrised) matrices at the
+stored nonzeros, ``sym(S)[row_k, col_k]`` with ``sym(X) = (X + X^T) / 2`` --
+i.e. the gradient of ``values -> eigsh((A + A^T)/2)``, which agrees with the
+unsymmetrised one for every symmetric perturbation -- computed with
+:func:`slasolve.autograd.matvec_value_grad` (ghost entries of ``v`` / ``u`` by
+the halo exchange; never a dense matrix).
+
+Defined behaviour at degenerate eigenvalues
+-------------------------------------------
+* Eigenvalue gradients are always returned (``g_j v_j v_j^T``). For an
+  eigenvalue of multiplicity > 1 the individual eigenvalues are not
+  differentiable; the result is the derivative along the returned basis, and is
+  exact for losses symmetric in the cluster (e.g. the sum of its eigenvalues).
+* Eigenvector gradients: if any returned eigenvector ``j`` with a nonzero
+  incoming gradient has a partner ``i`` among the returned ones with
+  ``|w_i - w_j| <= degenerate_rtol * max_l |w_l|``, backward raises
+  :class:`ValueError` on every rank (no NaN/Inf is ever returned silently).
+  A degeneracy with an eigenvalue *outside* the returned set shows up as a
+  deflated MINRES that does not converge; that raises
+  :class:`~slasolve.eigen.info.EigenConvergenceError` on every rank.
+"""
+from __future__ import annotations
+
+import torch
+
+from .._comm import allreduce_sum
+from ..autograd import matvec_value_grad
+from .info import EigenConvergenceError
+
+__all__ = ["EigshFunction", "DEGENERATE_RTOL"]
+
+#: relative eigenvalue gap below which eigenvector gradients are refused
+DEGENERATE_RTOL = 1e-8
+
+
+class _State:
+    """Everything the backward needs (detached operators, options)."""
+
+    def __init__(self, dA, dM, grad_rtol, grad_maxiter, degenerate_rtol):
+        self.dA = dA
+        self.dM = dM
+        self.grad_rtol = grad_rtol
+        self.grad_maxiter = grad_maxiter
+        self.degenerate_rtol = degenerate_rtol
+
+
+class EigshFunction(torch.autograd.Function):
+    """``(valsA, valsM, w, V, state) -> (w, V)``; see the module docstring."""
+
+    @staticmethod
+    def forward(ctx, valsA, valsM, w, V, state):
+        ctx.state = state
+        ctx.has_M = valsM is not None
+        ctx.save_for_backward(w, V)
+        return w.clone(), V.clone()
+
+    @staticmethod
+    def backward(ctx, gw, gV):
+        st = ctx.state
+        w, V = ctx.saved_tensors
+        with torch.no_grad():
+            gA, gM = _eig_value_grads(st, w, V, gw, gV, ctx.needs_input_grad[0],
+                                      ctx.has_M and ctx.needs_input_grad[1])
+        return gA, gM, None, None, None
+
+
+def _eig_value_grads(st, w, V, gw, gV, want_A, want_M):
+    dA, dM = st.dA, st.dM
+    comm = dA.comm
+
+    def rs(t):
+        return allreduce_sum(comm, t)
+
+    k = w.numel()
+    dt = V.dtype
+    Ls_A, Rs_A, Ls_M, Rs_M = [], [], [], []
+    if gw is None:
+        gw = torch.zeros_like(w)
+    gw = gw.to(dt)
+    Ls_A.append(V * gw[None, :])
+    Rs_A.append(V)
+    coefM = -(gw * w)
+    if gV is not None:
+        gV = gV.to(dt)
+        MV = dM @ V if dM is not None else V
+        small = rs(torch.cat([V.mT @ gV, (gV * gV).sum(0, keepdim=True)], 0))
+        C, gn2 = small[:k], small[k]
+        active = gn2 > 0
+        if bool(active.any()):
+            scale = float(w.abs().max()) if k else 1.0
+            diff = w[None, :] - w[:, None]            # diff[i, j] = w_j - w_i
+            offd = ~torch.eye(k, dtype=torch.bool, device=w.device)
+            near = (diff.abs() <= st.degenerate_rtol * max(scale, torch.finfo(dt).tiny)) & offd
+            bad = near & (active[None, :] | active[:, None])
+            if bool(bad.any()):
+                i, j = (int(t) for t in torch.nonzero(bad)[0])
+                raise ValueError(
+                    f"eigsh backward: eigenvector gradients requested for (nearly) degenerate eigenvalues "
+                    f"w[{i}] = {float(w[i]):.16g} and w[{j}] = {float(w[j]):.16g} (relative gap "
+                    f"{float(diff[i, j].abs()) / max(scale, 1e-300):.3g} <= {st.degenerate_rtol:g}); the "
+                    "eigenvectors of a repeated eigenvalue are not differentiable. Use a loss of the "
+                    "eigenvalues / of the spanned subspace only, or break the degeneracy.")
+            U = _adjoint_vectors(st, w, V, MV, gV, C, active, rs)
+            cvec = torch.diagonal(C)                   # G_j . v_j
+            Ls_A += [0.5 * U, 0.5 * V]
+            Rs_A += [V, U]
+            coefM = coefM - 0.5 * cvec
+            Ls_M += [-0.5 * U * w[None, :], -0.5 * V * w[None, :]]
+            Rs_M += [V, U]
+    gA = gM = None
+    if want_A:
+        gA = matvec_value_grad(dA, torch.cat(Ls_A, 1), torch.cat(Rs_A, 1)).to(dA.values.dtype)
+    if want_M:
+        Ls_M.insert(0, V * coefM[None, :])
+        Rs_M.insert(0, V)
+        gM = matvec_value_grad(dM, torch.cat(Ls_M, 1), torch.cat(Rs_M, 1)).to(dM.values.dtype)
+    return gA, gM
+
+
+def _adjoint_vectors(st, w, V, MV, G, C, active, rs):
+    """``U[:, j] = u_j`` (module docstring) for the active columns, 0 elsewhere."""
+    from ..krylov.torch_methods import minres
+    dA, dM = st.dA, st.dM
+    k = w.numel()
+    n_global = int(rs(torch.tensor([float(V.shape[0])], dtype=V.dtype))[0])
+    # explicit part over the computed eigenvectors
+    diff = w[None, :] - w[:, None]                    # (i, j): w_j - w_i
+    eye = torch.eye(k, dtype=torch.bool, device=w.device)
+    coef = torch.where(eye, torch.zeros_like(C), C / torch.where(eye, torch.ones_like(diff), diff))
+    coef = coef * active[None, :].to(C.dtype)
+    U = V @ coef
+    n_rest = n_global - k
+    if n_rest <= 0:
+        return U
+
+    def proj(x):      # P x = x - V (V^T M x)
+        return x - V @ rs(MV.mT @ x[:, None])[:, 0]
+
+    def projT(x):     # P^T x = x - M V (V^T x)
+        return x - MV @ rs(V.mT @ x[:, None])[:, 0]
+
+    maxiter = st.grad_maxiter if st.grad_maxiter is not None else max(10 * n_rest, 100)
+
+    def reduce_sum(t):
+        return rs(t)
+
+    for j in range(k):
+        if not bool(active[j]):
+            continue
+        b = -projT(G[:, j])
+        wj = float(w[j])
+
+        def op(y, wj=wj):
+            py = proj(y)
+            ky = dA @ py
+            ky = ky - wj * (dM @ py if dM is not None else py)
+            return projT(ky)
+
+        y, info = minres(op, b, rtol=st.grad_rtol, maxiter=maxiter, reduce_sum=reduce_sum)
+        if not info.converged:
+            raise EigenConvergenceError(
+                f"eigsh backward: the projected adjoint solve for eigenvector {j} (w = {wj:.16g}) did not "
+                f"converge ({info.reason} after {info.iterations} MINRES iterations, residual norm "
+                f"{info.residual_norm:.3g}, grad_rtol = {st.grad_rtol:g}); w[{j}] is probably (nearly) "
+                "degenerate with an eigenvalue that was not computed: request more eigenpairs (larger k) "
+                "or raise grad_rtol / grad_maxiter.")
+        U[:, j] = U[:, j] + proj(y)
+    return U
+

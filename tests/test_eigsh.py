@@ -1,0 +1,372 @@
+"""Tests of the public differentiable ``eigsh`` (slasolve.eigen.eigsh).
+
+MPI tests (``@pytest.mark.mpi``) run at any communicator size (1, 2, 4) and
+compare with serial references computed inside the test.
+"""
+import numpy as np
+import pytest
+import scipy.linalg
+import scipy.sparse as sp
+import torch
+from mpi4py import MPI
+
+from slasolve.dsparse import DSparseTensor
+from slasolve.eigen import EigenConvergenceError, EigenInfo, eigsh
+from slasolve.sparse import SparseTensor
+from slasolve.testing import local_slice, replicate
+
+DT = torch.float64
+BACKENDS = ("slepc", "torch")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+# ----------------------------------------------------------------- helpers
+def lap1d(n):
+    return sp.diags([-np.ones(n - 1), 2 * np.ones(n), -np.ones(n - 1)], [-1, 0, 1], format="csr")
+
+
+def laplacian(dims):
+    """Dirichlet FD Laplacian (unit spacing) on a tensor grid, Kronecker sum."""
+    A = None
+    for d in range(len(dims)):
+        term = None
+        for e, m in enumerate(dims):
+            f = lap1d(m) if e == d else sp.identity(m, format="csr")
+            term = f if term is None else sp.kron(term, f, format="csr")
+        A = term if A is None else A + term
+    A = A.tocsr()
+    A.sort_indices()
+    return A
+
+
+def analytic(dims):
+    tot = np.zeros(1)
+    for n in dims:
+        e = 4 * np.sin(np.arange(1, n + 1) * np.pi / (2 * (n + 1))) ** 2
+        tot = (tot[:, None] + e[None, :]).ravel()
+    return np.sort(tot)
+
+
+def p1_1d(n, coef=None, rho=None):
+    """P1 stiffness / mass on (0, 1) with n interior nodes, Dirichlet ends."""
+    h = 1.0 / (n + 1)
+    ne = n + 1
+    c = np.ones(ne) if coef is None else coef
+    r = np.ones(ne) if rho is None else rho
+    K = sp.lil_matrix((n + 2, n + 2))
+    Mm = sp.lil_matrix((n + 2, n + 2))
+    for e in range(ne):
+        idx = [e, e + 1]
+        ke = c[e] / h * np.array([[1, -1], [-1, 1]])
+        me = r[e] * h / 6 * np.array([[2, 1], [1, 2]])
+        for a in range(2):
+            for b in range(2):
+                K[idx[a], idx[b]] += ke[a, b]
+                Mm[idx[a], idx[b]] += me[a, b]
+    K, Mm = K.tocsr()[1:-1, 1:-1], Mm.tocsr()[1:-1, 1:-1]
+    K.sort_indices()
+    Mm.sort_indices()
+    return K.tocsr(), Mm.tocsr()
+
+
+def dist(A, comm):
+    return DSparseTensor.from_global(A, comm)
+
+
+def gather(dA, V):
+    return dA.gather(V, root=None).numpy()
+
+
+def check_pairs(A, w, Vg, M=None, tol=1e-7):
+    Vg = np.asarray(Vg)
+    w = np.asarray(w)
+    BV = Vg if M is None else M @ Vg
+    R = A @ Vg - BV * w[None, :]
+    rel = np.linalg.norm(R, axis=0) / (np.abs(w) * np.linalg.norm(BV, axis=0))
+    assert rel.max() < tol, rel
+    G = Vg.T @ BV
+    assert np.abs(G - np.eye(G.shape[0])).max() < 1e-9
+    assert np.all(np.diff(w) >= 0)
+
+
+def check_signs(Vg):
+    tie = np.finfo(np.float64).eps ** (1 / 3)
+    for v in np.asarray(Vg).T:
+        a = np.abs(v)
+        i = np.nonzero(a >= (1 - tie) * a.max())[0][0]
+        assert v[i] > 0
+
+
+# ------------------------------------------------------- accuracy (MPI)
+GRIDS = [(40,), (12, 9), (6, 5, 4)]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dims", GRIDS, ids=lambda d: f"{len(d)}d")
+def test_laplacian_extremes_analytic(comm, backend, dims):
+    A = laplacian(dims)
+    ref = analytic(dims)
+    dA = dist(A, comm)
+    k = 4
+    for which, expect in (("SA", ref[:k]), ("LA", ref[-k:])):
+        w, V, info = eigsh(dA, k=k, which=which, backend=backend, tol=1e-10, return_info=True)
+        assert isinstance(info, EigenInfo) and info.converged == k and info.backend == backend
+        np.testing.assert_allclose(w.numpy(), expect, rtol=1e-8)
+        Vg = gather(dA, V)
+        check_pairs(A, w.numpy(), Vg)
+        check_signs(Vg)
+        assert max(info.residual_norms) < 1e-8
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_shift_invert_laplacian(comm, backend):
+    dims = (8, 6)
+    A = laplacian(dims)
+    ref = analytic(dims)
+    dA = dist(A, comm)
+    w, V = eigsh(dA, k=3, sigma=0.0, backend=backend, tol=1e-10)
+    np.testing.assert_allclose(w.numpy(), ref[:3], rtol=1e-8)
+    check_pairs(A, w.numpy(), gather(dA, V))
+    # interior shift: the 3 eigenvalues nearest 2.0
+    w, V = eigsh(dA, k=2, sigma=2.05, backend=backend, tol=1e-10)
+    near = np.sort(ref[np.argsort(np.abs(ref - 2.05))[:2]])
+    np.testing.assert_allclose(w.numpy(), near, rtol=1e-8)
+    check_pairs(A, w.numpy(), gather(dA, V), tol=1e-6)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", ["SA", "LA", "sigma"])
+def test_generalized_p1_vs_dense(comm, backend, mode):
+    n = 40
+    x = np.linspace(0, 1, n + 1)
+    K, Mm = p1_1d(n, coef=1 + x, rho=2 - x)
+    ref = scipy.linalg.eigh(K.toarray(), Mm.toarray(), eigvals_only=True)
+    dK, dM = dist(K, comm), dist(Mm, comm)
+    k = 4
+    if mode == "sigma":
+        w, V = eigsh(dK, k=k, M=dM, sigma=0.0, backend=backend, tol=1e-10)
+        expect = ref[:k]
+    else:
+        w, V = eigsh(dK, k=k, M=dM, which=mode, backend=backend, tol=1e-10)
+        expect = ref[:k] if mode == "SA" else ref[-k:]
+    np.testing.assert_allclose(w.numpy(), expect, rtol=1e-8)
+    Vg = gather(dK, V)
+    check_pairs(K, w.numpy(), Vg, M=Mm)
+    check_signs(Vg)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_agrees_with_serial_reference(comm, backend):
+    """Distributed result == one-rank result (local input on COMM_SELF), including signs."""
+    x = np.linspace(0, 1, 31)
+    K, Mm = p1_1d(30, coef=1 + x ** 2)
+    A = laplacian((9, 7))
+    for (P, Q) in ((A, None), (K, Mm)):
+        w0, V0 = eigsh(P, k=3, M=Q, which="SA", backend=backend, tol=1e-11)   # serial, per rank
+        dP = dist(P, comm)
+        dQ = dist(Q, comm) if Q is not None else None
+        w, V = eigsh(dP, k=3, M=dQ, which="SA", backend=backend, tol=1e-11)
+        np.testing.assert_allclose(w.numpy(), w0.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(gather(dP, V), V0.numpy(), atol=1e-7)
+
+
+@pytest.mark.mpi
+def test_backends_agree_and_partition(comm):
+    """slepc and torch agree (with signs); a metis-renumbered matrix gives the
+    same vectors in the user's numbering."""
+    A = laplacian((8, 7))
+    dA = dist(A, comm)
+    w1, V1 = eigsh(dA, k=3, which="SA", backend="slepc", tol=1e-11)
+    w2, V2 = eigsh(dA, k=3, which="SA", backend="torch", tol=1e-11)
+    np.testing.assert_allclose(w1.numpy(), w2.numpy(), rtol=1e-10)
+    np.testing.assert_allclose(V1.numpy(), V2.numpy(), atol=1e-7)
+    if comm.Get_size() > 1:
+        dP = DSparseTensor.from_global(A, comm, partition="metis")
+        w3, V3 = eigsh(dP, k=3, which="SA", backend="slepc", tol=1e-11)
+        np.testing.assert_allclose(w3.numpy(), w1.numpy(), rtol=1e-10)
+        np.testing.assert_allclose(dP.gather(V3, root=None).numpy(), gather(dA, V1), atol=1e-7)
+
+
+# ------------------------------------------------------------ gradients
+def _sym_param(A, ndir, seed):
+    """values = base + P theta, P symmetric-preserving random directions (nnz x ndir)."""
+    n = A.shape[0]
+    rows = np.repeat(np.arange(n), np.diff(A.indptr))
+    cols = A.indices
+    pos = {(r, c): i for i, (r, c) in enumerate(zip(rows, cols))}
+    U = sp.triu(A).tocoo()
+    E = np.zeros((A.nnz, U.nnz))
+    for t, (r, c) in enumerate(zip(U.row, U.col)):
+        E[pos[(r, c)], t] = 1.0
+        E[pos[(c, r)], t] = 1.0
+    rng = np.random.default_rng(seed)
+    return torch.tensor(E @ rng.standard_normal((U.nnz, ndir)))
+
+
+def _grad_problem(n=16, seed=0):
+    rng = np.random.default_rng(seed)
+    A = (lap1d(n) + sp.diags(rng.uniform(0, 1, n))).tocsr()
+    Mm = (sp.diags([np.ones(n - 1), 4 * np.ones(n), np.ones(n - 1)], [-1, 0, 1]) / 6.0
+          + sp.diags(rng.uniform(0, 0.1, n))).tocsr()
+    A.sort_indices()
+    Mm.sort_indices()
+    return A, Mm
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend,generalized,which", [
+    ("slepc", False, "SA"), ("slepc", True, "SA"), ("slepc", True, "LA"),
+    ("torch", False, "SA"), ("torch", True, "SA"), ("torch", False, "LA")])
+def test_gradcheck(comm, backend, generalized, which):
+    A, Mm = _grad_problem()
+    n = A.shape[0]
+    dA, dM = dist(A, comm), dist(Mm, comm)
+    ip = A.indptr
+    a, b = dA.row_range
+    lo, hi = int(ip[a]), int(ip[b])
+    nd = 3
+    PA, PM = _sym_param(A, nd, 1), _sym_param(Mm, nd, 2)
+    baseA, baseM = torch.tensor(A.data), torch.tensor(Mm.data)
+    k = 3
+    cw = torch.tensor([1.0, -2.0, 0.5])
+    R = torch.randn(n, k, generator=torch.Generator().manual_seed(3), dtype=DT)
+
+    def f(theta):
+        va = local_slice(baseA + PA @ theta[:nd], lo, hi, comm)
+        kw = {}
+        if generalized:
+            vm = local_slice(baseM + 0.02 * (PM @ theta[nd:]), lo, hi, comm)
+            kw["M"] = dM.with_values(vm)
+        w, V = eigsh(dA.with_values(va), k=k, which=which, backend=backend, tol=1e-13, **kw)
+        Vg = replicate(V, comm)
+        return (w * cw).sum() + (Vg * R).sum() + (Vg[:, 0] ** 2 * R[:, 1]).sum()
+
+    theta = torch.zeros(2 * nd if generalized else nd, dtype=DT, requires_grad=True)
+    assert torch.autograd.gradcheck(f, (theta,), eps=1e-6, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.mpi
+def test_eigenvalue_gradient_formula(comm):
+    """d(sum w)/dA_values = sum_j v_j[row] v_j[col]; the gradient reaches a SparseTensor's values."""
+    A, _ = _grad_problem(20, seed=5)
+    dA = dist(A, comm)
+    vals = dA.values.clone().requires_grad_(True)
+    w, V = eigsh(dA.with_values(vals), k=2, which="LA", tol=1e-12)
+    w.sum().backward()
+    Vg = gather(dA, V.detach())
+    rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
+    a, b = dA.row_range
+    lo, hi = int(A.indptr[a]), int(A.indptr[b])
+    expect = (Vg[rows] * Vg[A.indices]).sum(1)[lo:hi]
+    np.testing.assert_allclose(vals.grad.numpy(), expect, atol=1e-10)
+    # local SparseTensor input: gradients reach its values
+    S = SparseTensor.from_scipy(A)
+    sv = S.values.clone().requires_grad_(True)
+    w, V = eigsh(S.with_values(sv), k=2, which="LA", tol=1e-12, backend="torch")
+    w.sum().backward()
+    np.testing.assert_allclose(sv.grad.numpy(), (Vg[rows] * Vg[A.indices]).sum(1), atol=1e-8)
+
+
+@pytest.mark.mpi
+def test_degenerate_eigenvector_gradient_raises(comm):
+    A = laplacian((6, 6))          # lambda_2 = lambda_3 (square grid)
+    dA = dist(A, comm)
+    vals = dA.values.clone().requires_grad_(True)
+    w, V = eigsh(dA.with_values(vals), k=3, which="SA", tol=1e-12)
+    w.sum().backward()              # eigenvalue gradients: defined
+    assert torch.isfinite(vals.grad).all()
+    w, V = eigsh(dA.with_values(vals), k=3, which="SA", tol=1e-12)
+    with pytest.raises(ValueError, match="degenerate"):
+        (V[:, 1] ** 3).sum().backward()
+
+
+# ----------------------------------------------------------------- errors
+@pytest.mark.mpi
+def test_errors_on_every_rank(comm):
+    A = laplacian((5, 4))
+    dA = dist(A, comm)
+    with pytest.raises(ValueError, match="k: need"):
+        eigsh(dA, k=20)
+    with pytest.raises(ValueError, match="which"):
+        eigsh(dA, k=2, which="XX")
+    with pytest.raises(ValueError, match="which"):
+        eigsh(dA, k=2, which="SA", sigma=1.0)
+    with pytest.raises(ValueError, match="backend"):
+        eigsh(dA, k=2, backend="arpack")
+    N = A.tolil()
+    N[0, 1] = 3.0
+    with pytest.raises(ValueError, match="not symmetric"):
+        eigsh(dist(N.tocsr(), comm), k=2)
+    Mneg = sp.identity(20, format="csr") * -1.0
+    for backend in BACKENDS:
+        with pytest.raises(ValueError, match="positive definite"):
+            eigsh(dA, k=2, M=dist(Mneg, comm), backend=backend)
+    # indefinite M with a positive diagonal: caught by the solver / Gram matrix
+    Mind = (sp.identity(20) + 1.5 * (sp.eye(20, k=1) + sp.eye(20, k=-1))).tocsr()
+    with pytest.raises((ValueError, EigenConvergenceError)):
+        eigsh(dA, k=2, M=dist(Mind, comm), which="SA", backend="slepc", check_input=False)
+    with pytest.raises(TypeError, match="A:"):
+        eigsh(np.eye(4), k=1)
+    # mismatched v0 on one rank only -> error on every rank
+    v0 = torch.ones(dA.n_local + (1 if comm.Get_rank() == comm.Get_size() - 1 else 0), dtype=DT)
+    with pytest.raises(ValueError, match="v0"):
+        eigsh(dA, k=2, v0=v0)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nonconvergence(comm, backend):
+    A = laplacian((30,))
+    dA = dist(A, comm)
+    with pytest.raises(EigenConvergenceError):
+        eigsh(dA, k=4, which="SA", maxiter=2, tol=1e-12, backend=backend)
+    w, V, info = eigsh(dA, k=4, which="SA", maxiter=2, tol=1e-12, backend=backend,
+                       raise_on_fail=False, return_info=True)
+    assert info.converged < 4 and not info.success
+    assert w.shape[0] == V.shape[1] and len(info.residual_norms) == w.shape[0]
+
+
+@pytest.mark.mpi
+def test_petsc_options_reach_eps(comm):
+    dA = dist(laplacian((30,)), comm)
+    with pytest.raises(EigenConvergenceError):
+        eigsh(dA, k=4, which="SA", tol=1e-12, options_prefix="tst_", petsc_options={"eps_max_it": 1})
+    # options do not leak into the next call
+    w = eigsh(dA, k=4, which="SA", tol=1e-12, options_prefix="tst_")[0]
+    np.testing.assert_allclose(w.numpy(), analytic((30,))[:4], rtol=1e-8)
+    w, _, info = eigsh(dA, k=2, which="SA", tol=1e-10, petsc_options={"eps_type": "lanczos", "eps_lanczos_reorthog": "full"}, return_info=True)
+    np.testing.assert_allclose(w.numpy(), analytic((30,))[:2], rtol=1e-8)
+
+
+# ------------------------------------------------------- local inputs (serial)
+def test_local_inputs_scipy_torch_sparsetensor():
+    A = laplacian((7, 6))
+    ref = analytic((7, 6))[:3]
+    T = torch.sparse_csr_tensor(torch.tensor(A.indptr), torch.tensor(A.indices), torch.tensor(A.data),
+                                size=A.shape)
+    for inp in (A, SparseTensor.from_scipy(A), T):
+        w, V = eigsh(inp, k=3, which="SA", tol=1e-11)
+        np.testing.assert_allclose(w.numpy(), ref, rtol=1e-8)
+        assert V.shape == (42, 3)
+
+
+def test_same_layout_A_and_M():
+    """A and M sharing one layout (hence one cached PETSc Mat) still work."""
+    K, Mm = p1_1d(25)
+    dK = DSparseTensor.from_global(K, MPI.COMM_SELF)
+    dM = dK.with_values(torch.tensor(Mm.data))
+    ref = scipy.linalg.eigh(K.toarray(), Mm.toarray(), eigvals_only=True)[:3]
+    for backend in BACKENDS:
+        w, V = eigsh(dK, k=3, M=dM, which="SA", tol=1e-11, backend=backend)
+        np.testing.assert_allclose(w.numpy(), ref, rtol=1e-8)
