@@ -262,3 +262,60 @@ def test_gradient_of_values_matches_dense_formula(comm):
     jj = old_cols[:, None, None] * bc + np.arange(bc)[None, None, :]
     ref = G[ii, jj]
     assert np.allclose(v.grad.numpy(), ref, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("pc", ["gamg", "hypre", "asm", "bjacobi", "icc", "lu", "cholesky"])
+def test_petsc_preconditioners(comm, pc):
+    A = poisson2d(16)
+    dA = DSparseTensor.from_global(A, comm, partition="metis")
+    bg = _rhs(256)
+    x, info = slasolve.solve(dA, dA.scatter(bg, root=None), "cg", pc=pc, rtol=1e-10, return_info=True)
+    ref = spla.spsolve(A.tocsc(), bg.numpy())
+    assert info.converged
+    assert np.allclose(dA.gather(x, root=None).numpy(), ref, atol=1e-8)
+    if pc in ("lu", "cholesky"):
+        assert info.iterations <= 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_user_callable_preconditioner(comm, backend):
+    A = poisson2d(12)
+    dA = DSparseTensor.from_global(A, comm)
+    d = dA.diagonal()
+    calls = []
+
+    def jac(r):
+        calls.append(1)
+        return r / d
+
+    b = dA.scatter(_rhs(144), root=None)
+    x, info = slasolve.cg(dA, b, M=jac, rtol=1e-10, backend=backend)
+    x2, info2 = slasolve.cg(dA, b, pc="jacobi", rtol=1e-10, backend=backend)
+    assert calls and info.converged and torch.allclose(x, x2, atol=1e-8)
+    assert abs(info.iterations - info2.iterations) <= 1
+
+
+def test_ksp_monitor_and_progress(comm, capfd):
+    A = poisson2d(8)
+    dA = DSparseTensor.from_global(A, comm)
+    b = dA.scatter(_rhs(64), root=None)
+    slasolve.solve(dA, b, "cg", options_prefix="mon_", petsc_options={"ksp_monitor": None}, rtol=1e-8)
+    slasolve.solve(dA, b, "cg", backend="torch", progress=2, rtol=1e-8)
+    out = capfd.readouterr().out
+    if comm.rank == 0:
+        assert "KSP Residual norm" in out
+        assert "iteration      2  residual" in out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batched_values_single_rank(backend):
+    A = slasolve.SparseTensor.from_scipy(poisson2d(6))
+    scales = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
+    v = (A.values[None, :] * scales[:, None]).clone().requires_grad_()
+    Ab = A.with_values(v)
+    b = torch.stack([_rhs(36)] * 3)
+    x = slasolve.solve(Ab, b, "cg", backend=backend, rtol=1e-12)
+    x1 = slasolve.solve(A, _rhs(36), "cg", backend=backend, rtol=1e-12)
+    assert torch.allclose(x.detach(), x1[None] / scales[:, None], atol=1e-9)
+    x.sum().backward()
+    assert v.grad is not None and v.grad.shape == v.shape

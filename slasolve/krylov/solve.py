@@ -14,6 +14,7 @@ import torch
 from .._comm import check_collective
 from ..autograd import matvec_value_grad
 from .info import ConvergenceError, SolveInfo
+from ..sparse import SparseTensor
 from .operator import as_row_shard
 
 __all__ = ["solve", "cg", "gmres", "minres", "bicgstab", "default_backend"]
@@ -179,6 +180,12 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
     -------
     x : torch.Tensor, the owned rows of the solution (and a SolveInfo with ``return_info``).
     """
+    if isinstance(A, SparseTensor) and A.batch_shape:
+        return _solve_batched(A, b, method, x0=x0, return_info=return_info, backend=backend, rtol=rtol,
+                              atol=atol, maxiter=maxiter, pc=pc, M=M, restart=restart, callback=callback,
+                              raise_on_fail=raise_on_fail, petsc_options=petsc_options,
+                              options_prefix=options_prefix, record_history=record_history,
+                              progress=progress)
     dA = as_row_shard(A)
     if method not in _METHODS:
         raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
@@ -200,6 +207,27 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
     if hasattr(solver, "norm"):
         info.norm = solver.norm
     return (x, info) if return_info else x
+
+
+def _solve_batched(A, b, method, *, x0, return_info, **kw):
+    """One solve per batch entry of a batched (local) SparseTensor; ``b`` is
+    ``(*batch, n[, k])``. A loop over matrices, each solve differentiable."""
+    nb = len(A.batch_shape)
+    if not isinstance(b, torch.Tensor) or tuple(b.shape[:nb]) != tuple(A.batch_shape):
+        raise ValueError(f"for a batched matrix b must have shape (*{A.batch_shape}, n[, k]), got "
+                         f"{tuple(b.shape) if isinstance(b, torch.Tensor) else type(b).__name__}")
+    flat_vals = A.values.reshape((-1,) + tuple(A.values.shape[nb:]))
+    flat_b = b.reshape((-1,) + tuple(b.shape[nb:]))
+    flat_x0 = None if x0 is None else x0.reshape(flat_b.shape)
+    base = A[(0,) * nb]
+    xs, infos = [], []
+    for i in range(flat_b.shape[0]):
+        x, info = solve(base.with_values(flat_vals[i]), flat_b[i], method, return_info=True,
+                        x0=None if flat_x0 is None else flat_x0[i], **kw)
+        xs.append(x)
+        infos.append(info)
+    x = torch.stack(xs, 0).reshape(b.shape)
+    return (x, _merge(infos)) if return_info else x
 
 
 def _method(name: str):
