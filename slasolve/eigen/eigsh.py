@@ -490,23 +490,22 @@ def _run_torch(dA, dM, k, which, sigma, v0, tol, maxiter, method, ncv, pc, rs, r
             w, V, inf = lanczos(Aop, v0, k, which=which, B=Bop, B_solve=Bs, tol=tol,
                                 maxiter=maxiter if maxiter is not None else 1000, ncv=ncv, **kw)
         return w, V, inf.converged, inf.iterations, setup, time.perf_counter() - t1, inf.method
-    # shift-and-invert Lanczos on (A - sigma M)^{-1} M, M-inner product
-    from ..krylov.torch_methods import minres
+    # shift-and-invert Lanczos on (A - sigma M)^{-1} M, M-inner product; the inner
+    # solves go through slasolve.solve (native MINRES: A - sigma M is indefinite)
+    from ..krylov import solve as _solve
     dK = _shifted(dA, dM, sigma)
     T = _build_pc(dK, pc, comm)
     inner_rtol = min(1e-2 * tol, 1e-10)
 
     def Kinv(X):
-        cols = []
-        for j in range(X.shape[1]):
-            y, inf = minres(lambda z: dK @ z, X[:, j].contiguous(), rtol=inner_rtol, M=T, reduce_sum=rs,
-                            maxiter=max(20 * n_global, 1000))
-            if not inf.converged:
-                raise EigenConvergenceError(
-                    f"eigsh (torch, shift-invert): the inner MINRES solve with A - sigma M failed "
-                    f"({inf.reason} after {inf.iterations} iterations); is sigma={sigma} an eigenvalue?")
-            cols.append(y)
-        return torch.stack(cols, 1)
+        with torch.no_grad():
+            Y, inf = _solve(dK, X.contiguous(), "minres", backend="torch", M=T, rtol=inner_rtol,
+                            maxiter=max(20 * n_global, 1000), raise_on_fail=False, return_info=True)
+        if not inf.converged:
+            raise EigenConvergenceError(
+                f"eigsh (torch, shift-invert): the inner MINRES solve with A - sigma M failed "
+                f"({inf.reason} after {inf.iterations} iterations); is sigma={sigma} an eigenvalue?")
+        return Y
 
     if dM is None:
         OPA, B, Bs = Kinv, None, None
