@@ -126,6 +126,16 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
         gradients, and the relative eigenvalue gap below which eigenvector
         gradients are refused (see :mod:`slasolve.eigen.autograd`).
 
+    Notes
+    -----
+    Krylov-Schur (SLEPc), Lanczos (native) and ARPACK (SciPy) build their space
+    from one start vector, which has one component per eigenspace: an exactly
+    repeated eigenvalue (a square grid, a symmetric domain) is found once and
+    the next distinct one takes the second slot, with small residuals. Use the
+    block method (``backend="torch"``, ``method="lobpcg"``, or SLEPc's
+    ``petsc_options={"eps_type": "lobpcg"}``) with a block larger than the
+    multiplicity for such spectra.
+
     Returns
     -------
     w : ``(k,)`` eigenvalues, ascending, identical on every rank.

@@ -1,0 +1,522 @@
+"""Run every slasolve benchmark, collect the JSON, write BENCHMARKS.md and plots.
+
+    .venv/bin/python bench/run_all.py            # full sizes (~15-20 min on 2 cores)
+    .venv/bin/python bench/run_all.py --quick    # small sizes (development, ~3 min)
+
+Each benchmark runs under ``mpirun -n 1`` and ``-n 2`` (and ``-n 4
+--oversubscribe`` at the quick sizes: correctness-level timing only, 4 ranks on
+2 cores) with a timeout; results go to ``bench/results/*.json`` (+ ``.log``),
+plots to ``bench/results/*.png``, the report to ``BENCHMARKS.md``. Scripts that
+do not exist (``bench/eigen.py``, ``bench/fem.py`` while being written) are
+skipped with a message. Every ratio in the report was measured inside one run
+(contenders alternated); 1-rank vs 2-rank speedups come from the 2-rank run,
+where rank 0 also solves alone on ``COMM_SELF`` while rank 1 sleeps.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RES = os.path.join(HERE, "results")
+PY = sys.executable
+
+
+def mpirun(n: int):
+    return ["mpirun", "-n", str(n), "--oversubscribe", "--bind-to", "none"]
+
+
+def jobs(quick: bool):
+    q = ["--quick"] if quick else []
+    J = []
+    # eigen.py / fem.py (other engineers') take sizes instead of --quick
+    own = {"eigen.py": ["--n", "100", "--repeat", "1"] if quick else [],
+           "fem.py": ["--n", "100", "--repeat", "2"] if quick else []}
+    for script, timeout in (("matvec.py", 300), ("krylov.py", 900), ("torch_sla_compare.py", 420),
+                            ("eigen.py", 420), ("fem.py", 420)):
+        name = script[:-3]
+        for n in (1, 2):
+            J.append((f"{name}_n{n}", script, mpirun(n), own.get(script, q), timeout, False))
+        if script in ("matvec.py", "krylov.py"):  # correctness-level: 4 ranks on 2 cores
+            J.append((f"{name}_n4", script, mpirun(4), ["--quick"], timeout, True))
+    J.append(("scaling_projection", "scaling_projection.py", mpirun(2), q, 600, False))
+    J.append(("memory", "memory.py", [], q + ["--ranks", "1", "2"], 600, False))
+    return J
+
+
+def run_job(name, script, launcher, args, timeout, log):
+    path = os.path.join(HERE, script)
+    if not os.path.exists(path):
+        msg = f"SKIP {name}: bench/{script} does not exist (yet)"
+        print(msg, flush=True)
+        return {"status": "missing", "message": msg}
+    out = os.path.join(RES, name + ".json")
+    if os.path.exists(out):
+        os.remove(out)
+    cmd = launcher + [PY, path, "--json", out] + args
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    print(f"RUN  {name}: {' '.join(cmd[:6])} ... {script} {' '.join(args)}", flush=True)
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        rc, so, se = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, so, se = "timeout", (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), \
+            f"timed out after {timeout}s"
+    dt = time.time() - t0
+    with open(os.path.join(RES, name + ".log"), "w") as f:
+        f.write(so + "\n--- stderr ---\n" + (se or ""))
+    print(so.rstrip(), flush=True)
+    print(f"     {name}: rc={rc}, {dt:.0f} s", flush=True)
+    res = {"status": "ok" if rc == 0 else f"failed ({rc})", "seconds": dt, "stderr_tail": (se or "")[-1500:]}
+    if os.path.exists(out):
+        with open(out) as f:
+            res["data"] = json.load(f)
+    return res
+
+
+# ---------------------------------------------------------------------------
+# report
+def med(d):
+    return d["median"] if isinstance(d, dict) and "median" in d else d
+
+
+def fmt(s):
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} us"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+def rng(r):
+    return f"{r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})"
+
+
+def target_row(name, value, target, better, note=""):
+    if value is None:
+        return f"| {name} | - | {target} | not measured | {note} |"
+    ok = value <= target if better == "le" else value >= target
+    if ok:
+        verdict = f"MET (margin {abs(target - value) / target * 100:.0f}%)"
+    else:
+        verdict = f"MISSED by {abs(value - target) / target * 100:.0f}%"
+    sym = "<=" if better == "le" else ">="
+    return f"| {name} | {value:.2f} | {sym} {target} | {verdict} | {note} |"
+
+
+def get(R, name):
+    r = R.get(name, {})
+    return r.get("data")
+
+
+def plots(R):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    made = []
+    # 1/2: per-iteration and total time vs n, per backend (krylov sweep + big problem)
+    for key, fname, ylabel in (("per_iteration_s", "krylov_time_per_iteration.png", "time per CG iteration [s]"),
+                               ("total", "krylov_total_time.png", "total CG+Jacobi solve time [s]")):
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        for n_r, ls in ((1, "-"), (2, "--")):
+            d = get(R, f"krylov_n{n_r}")
+            if not d:
+                continue
+            rows = d.get("sweep", [])
+            backends = rows[0]["times"].keys() if rows else []
+            for b in backends:
+                xs = [r["n"] for r in rows]
+                ys = [r["per_iteration_s"][b] if key == "per_iteration_s" else r["times"][b]["median"] for r in rows]
+                if key == "per_iteration_s" and "iter" in d and b in d["iter"]["per_iteration_s"]:
+                    xs.append(d["iter"]["n"])
+                    ys.append(d["iter"]["per_iteration_s"][b])
+                ax.loglog(xs, ys, ls, marker="o", label=f"{b}, {n_r} rank{'s' if n_r > 1 else ''}")
+        ax.set_xlabel("unknowns n (2-D Poisson)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(RES, fname), dpi=110)
+        plt.close(fig)
+        made.append(fname)
+    # 3: strong scaling 1 -> 2 ranks (same-run speedups)
+    bars = []
+    mv = get(R, "matvec_n2")
+    if mv:
+        r = mv["rows"][-1]
+        bars += [("matvec slasolve", r["speedup_slasolve"]), ("matvec PETSc", r["speedup_petsc"])]
+    kr = get(R, "krylov_n2")
+    if kr:
+        bars += [("CG+GAMG slasolve", kr["gamg"]["speedup_slasolve_petsc"]),
+                 ("CG+GAMG raw PETSc", kr["gamg"]["speedup_raw_petsc"]),
+                 ("CG iter torch", kr["iter"]["speedup_slasolve_torch"]),
+                 ("CG iter raw PETSc", kr["iter"]["speedup_raw_petsc"])]
+    if bars:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ys = [b[1]["median"] for b in bars]
+        err = [[b[1]["median"] - b[1]["min"] for b in bars], [b[1]["max"] - b[1]["median"] for b in bars]]
+        ax.bar(range(len(bars)), ys, yerr=err, capsize=3)
+        ax.axhline(2.0, color="k", lw=0.8, ls=":", label="ideal 2x")
+        ax.axhline(1.7, color="r", lw=0.8, ls="--", label="target 1.7x (solve)")
+        ax.set_xticks(range(len(bars)))
+        ax.set_xticklabels([b[0] for b in bars], rotation=25, ha="right", fontsize=8)
+        ax.set_ylabel("speedup 2 ranks vs 1 (same run)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(RES, "strong_scaling_1_2.png"), dpi=110)
+        plt.close(fig)
+        made.append("strong_scaling_1_2.png")
+    # 4: backward / forward
+    bars = []
+    for n_r in (1, 2):
+        d = get(R, f"krylov_n{n_r}")
+        if d:
+            for a in d["adjoint"]:
+                bars.append((f"{a['backend']}+{a['pc']} n={a['n']}\n{n_r} rank(s)", a["backward_over_forward"]))
+    if bars:
+        fig, ax = plt.subplots(figsize=(6.4, 4))
+        ax.bar(range(len(bars)), [b[1]["median"] for b in bars],
+               yerr=[[b[1]["median"] - b[1]["min"] for b in bars], [b[1]["max"] - b[1]["median"] for b in bars]],
+               capsize=3)
+        ax.axhline(1.2, color="r", ls="--", lw=0.8, label="target 1.2")
+        ax.set_xticks(range(len(bars)))
+        ax.set_xticklabels([b[0] for b in bars], fontsize=7)
+        ax.set_ylabel("backward time / forward time")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(RES, "backward_over_forward.png"), dpi=110)
+        plt.close(fig)
+        made.append("backward_over_forward.png")
+    # 5: assembly
+    labels, sla, pet = [], [], []
+    for n_r in (1, 2):
+        d = get(R, f"matvec_n{n_r}")
+        if d:
+            r = d["rows"][-1]
+            labels.append(f"n={r['n']}, {n_r} rank(s)")
+            sla.append(r["assembly"]["slasolve_from_local_rows"]["median"])
+            pet.append(r["assembly"]["petsc_createAIJ"]["median"])
+    if labels:
+        import numpy as np
+        fig, ax = plt.subplots(figsize=(6, 4))
+        x = np.arange(len(labels))
+        ax.bar(x - 0.2, sla, 0.4, label="slasolve from_local_rows")
+        ax.bar(x + 0.2, pet, 0.4, label="petsc4py createAIJ (same CSR)")
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_ylabel("assembly time [s]")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(RES, "assembly_time.png"), dpi=110)
+        plt.close(fig)
+        made.append("assembly_time.png")
+    # 6: eigsh
+    bars = []
+    for n_r in (1, 2):
+        d = get(R, f"torch_sla_compare_n{n_r}")
+        if d and "times" in d.get("eigsh", {}):
+            for k, v in d["eigsh"]["times"].items():
+                bars.append((f"{k}\n{n_r} rank(s)", v["median"]))
+    if bars:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.bar(range(len(bars)), [b[1] for b in bars])
+        ax.set_yscale("log")
+        ax.set_xticks(range(len(bars)))
+        ax.set_xticklabels([b[0] for b in bars], fontsize=7)
+        ax.set_ylabel("eigsh time, k=4 smallest [s]")
+        fig.tight_layout()
+        fig.savefig(os.path.join(RES, "eigsh_time.png"), dpi=110)
+        plt.close(fig)
+        made.append("eigsh_time.png")
+    return made
+
+
+def report(R, quick, total_s, made):
+    L = []
+    A = L.append
+    mach = None
+    for r in R.values():
+        if r.get("data", {}).get("machine"):
+            mach = r["data"]["machine"]
+            break
+    A("# slasolve benchmarks\n")
+    took = (f"in {total_s / 60:.1f} min" if total_s > 5 else
+            "(report rebuilt from the JSON of earlier runs; see the Runs table)")
+    A(f"Generated by `bench/run_all.py{' --quick' if quick else ''}` on "
+      f"{datetime.datetime.now().strftime('%Y-%m-%d %H:%M')} {took}. "
+      "Raw JSON and logs: `bench/results/`. How to run and what each script measures: `bench/README.md`.\n")
+    A("**Read the numbers with care:** the machine has 2 cores and was shared with other engineers' "
+      "test runs while this ran, so absolute times are noisy. Every ratio below was measured *inside one "
+      "run* with the contenders alternated (A, B, A, B, ...) over repeated trials; the table gives the "
+      "median and (min-max) of the per-trial ratios. 1->2 rank speedups come from the 2-rank run, where "
+      "rank 0 also solves alone on `COMM_SELF` while rank 1 sleeps (non-spinning wait), alternated with "
+      "the 2-rank solve.\n")
+    if mach:
+        A("## Machine and versions\n")
+        A("| item | value |\n|---|---|")
+        for k in ("cpu", "cpus", "platform", "python", "torch", "numpy", "scipy", "petsc", "mpi",
+                  "omp_num_threads", "torch_threads"):
+            if k in mach:
+                A(f"| {k} | {mach[k]} |")
+        ts = get(R, "torch_sla_compare_n1")
+        if ts:
+            A(f"| torch-sla | {ts.get('torch_sla')} |")
+        A("")
+    A("## Problems and options\n")
+    A("* 2-D 5-point Poisson (Dirichlet, lexicographic numbering), float64; each rank builds only its own "
+      "rows (PETSc's PETSC_DECIDE split) with `DSparseTensor.from_local_rows`; PETSc uses the same Mat "
+      "(`dA.to_petsc()`) or the same CSR through `createAIJ`. Right-hand side `sin(0.37 i) + 1`, x0 = 0.")
+    A("* One thread per rank (`OMP_NUM_THREADS=1`, `torch.set_num_threads(1)`).")
+    A("* CG stopping test everywhere: unpreconditioned residual `||b - Ax|| <= rtol ||b||`, rtol = 1e-6, "
+      "atol = 0 (PETSc `KSP_NORM_UNPRECONDITIONED`; SciPy `tol`; torch-sla `atol = rtol ||b||`, see below).")
+    A("* Raw petsc4py baseline: `KSP.create`, `setType('cg')`, PC type, `setNormType(UNPRECONDITIONED)`, "
+      "`setTolerances(rtol, atol=0)`, `setFromOptions` -- the options slasolve's petsc backend sets.\n")
+
+    # ---- targets
+    A("## Targets\n")
+    A("| target | measured (median) | target | verdict | notes |\n|---|---|---|---|---|")
+    for n_r in (1, 2):
+        d = get(R, f"matvec_n{n_r}")
+        r = d["rows"][-1] if d else None
+        A(target_row(f"matvec slasolve/PETSc, {n_r} rank(s), n={r['n'] if r else '?'}",
+                     r["ratio_slasolve_over_petsc"]["median"] if r else None, 1.3, "le",
+                     f"per-trial range {rng(r['ratio_slasolve_over_petsc'])}" if r else ""))
+    d = get(R, "matvec_n2")
+    r = d["rows"][-1] if d else None
+    A(target_row("matvec speedup 2 vs 1 rank (slasolve)", r["speedup_slasolve"]["median"] if r else None, 1.6, "ge",
+                 f"PETSc itself: {rng(r['speedup_petsc'])}" if r else ""))
+    for n_r in (1, 2):
+        d = get(R, f"krylov_n{n_r}")
+        g = d["gamg"] if d else None
+        A(target_row(f"CG+GAMG total time slasolve petsc / raw KSP, {n_r} rank(s)",
+                     g["ratio_warm"]["median"] if g else None, 1.10, "le",
+                     (f"range {rng(g['ratio_warm'])}; iterations {g['iterations']}; KSP set up every solve "
+                      f"(cold): {rng(g['ratio_cold'])}") if g else ""))
+    for n_r in (1, 2):
+        d = get(R, f"krylov_n{n_r}")
+        it = d["iter"] if d else None
+        A(target_row(f"CG+Jacobi per iteration, torch backend / PETSc, {n_r} rank(s)",
+                     it["ratio_torch_over_petsc"]["median"] if it else None, 1.5, "le",
+                     f"range {rng(it['ratio_torch_over_petsc'])}, n={it['n']}" if it else ""))
+    for n_r in (1, 2):
+        d = get(R, f"krylov_n{n_r}")
+        for a in (d["adjoint"] if d else []):
+            A(target_row(f"backward/forward {a['backend']}+{a['pc']} n={a['n']}, {n_r} rank(s)",
+                         a["backward_over_forward"]["median"], 1.2, "le", f"range {rng(a['backward_over_forward'])}"))
+    d = get(R, "krylov_n2")
+    A(target_row("CG+GAMG speedup 2 vs 1 rank (slasolve petsc)",
+                 d["gamg"]["speedup_slasolve_petsc"]["median"] if d else None, 1.7, "ge",
+                 f"raw PETSc: {rng(d['gamg']['speedup_raw_petsc'])}" if d else ""))
+    A(target_row("CG+Jacobi speedup 2 vs 1 rank (slasolve torch)",
+                 d["iter"]["speedup_slasolve_torch"]["median"] if d else None, 1.7, "ge",
+                 f"raw PETSc: {rng(d['iter']['speedup_raw_petsc'])}" if d else ""))
+    A("")
+    A("**Why misses happen here** (read with the per-trial ranges):\n")
+    A("* *1->2 rank speedups* are bounded by the machine, not by slasolve: the 2-core box was shared with other "
+      "engineers' test runs, so a 2-rank job rarely had two free cores. The raw-PETSc speedup measured in the same "
+      "run is the reference: when PETSc itself reaches only ~1x, slasolve cannot reach 1.6-1.7x. Memory-bandwidth-"
+      "bound kernels (SpMV, AXPY) also share one memory controller on such a machine.")
+    A("* *torch backend per iteration*: every CG iteration makes several separate torch kernel calls plus Python "
+      "overhead and one Allreduce per dot product through mpi4py; at 1M unknowns per rank this is close to PETSc, "
+      "at small local sizes (see the sweep and the projection's 32k-row block) the fixed per-iteration overhead "
+      "dominates.")
+    A("* *backward/forward*: the adjoint solve is one more CG solve with the same operator and preconditioner (plus "
+      "the value gradient on the stored nonzeros), so the ratio sits near 1.0-1.1; the spread comes from timing noise. "
+      "`dL/dx` is chosen of the same kind as `b` so the adjoint solve is as hard as the forward one.")
+    A("* *eigsh on a square grid*: its spectrum has exactly repeated eigenvalues, which single-vector Krylov "
+      "methods (SLEPc Krylov-Schur, ARPACK, Lanczos) return once each; the torch-sla comparison therefore runs "
+      "block methods everywhere (SLEPc's LOBPCG, slasolve's native LOBPCG), and `bench/eigen.py` uses an "
+      "n x (n+1) grid. The error columns show each contender's max relative eigenvalue error.")
+    A("")
+
+    # ---- matvec
+    A("## Matvec (`bench/matvec.py`)\n")
+    A("| ranks | n | nnz | slasolve `dA @ x` | PETSc MatMult | ratio | assembly slasolve | assembly PETSc | "
+      "to_petsc create / refill |\n|---|---|---|---|---|---|---|---|---|")
+    for n_r in (1, 2, 4):
+        d = get(R, f"matvec_n{n_r}")
+        if not d:
+            continue
+        for r in d["rows"]:
+            tag = " (4 ranks on 2 cores: correctness-level)" if n_r == 4 else ""
+            A(f"| {n_r}{tag} | {r['n']} | {r['nnz']} | {fmt(r['slasolve']['median'])} | {fmt(r['petsc']['median'])} | "
+              f"{rng(r['ratio_slasolve_over_petsc'])} | {fmt(r['assembly']['slasolve_from_local_rows']['median'])} | "
+              f"{fmt(r['assembly']['petsc_createAIJ']['median'])} | {fmt(r['to_petsc_create_s'])} / "
+              f"{fmt(r['to_petsc_refill_s'])} |")
+    A("")
+    # ---- krylov
+    A("## Krylov (`bench/krylov.py`)\n")
+    for n_r in (1, 2, 4):
+        d = get(R, f"krylov_n{n_r}")
+        if not d:
+            continue
+        tag = " -- 4 ranks on 2 cores, quick sizes: correctness-level timing only" if n_r == 4 else ""
+        g = d["gamg"]
+        A(f"### {n_r} rank(s){tag}\n")
+        A(f"CG + GAMG, n = {g['n']}, rtol {g['rtol']}: slasolve petsc backend {fmt(g['warm']['slasolve_petsc']['median'])}, "
+          f"raw KSP {fmt(g['warm']['raw_petsc']['median'])} (KSP reused: slasolve caches it per operator), "
+          f"ratio {rng(g['ratio_warm'])}; KSP created and set up every time: "
+          f"{fmt(g['cold']['slasolve_petsc']['median'])} vs {fmt(g['cold']['raw_petsc']['median'])}, ratio "
+          f"{rng(g['ratio_cold'])}. Iterations {g['iterations']}, final relative residual {g['rel_residual']:.1e}.\n")
+        it = d["iter"]
+        A(f"CG + Jacobi, fixed {it['iterations'].get('raw_petsc')} iterations, n = {it['n']}:\n")
+        A("| contender | time | per iteration |\n|---|---|---|")
+        for k, v in it["times"].items():
+            A(f"| {k} | {fmt(v['median'])} ({fmt(v['min'])}-{fmt(v['max'])}) | {fmt(it['per_iteration_s'][k])} |")
+        A("")
+        A("| sweep: CG+Jacobi to rtol | " + " | ".join(d["sweep"][0]["times"].keys()) + " |")
+        A("|---" * (1 + len(d["sweep"][0]["times"])) + "|")
+        for r in d["sweep"]:
+            A(f"| n={r['n']} | " + " | ".join(f"{fmt(v['median'])} ({r['iterations'][k]} it)"
+                                              for k, v in r["times"].items()) + " |")
+        A("")
+        A("| adjoint | forward | backward (fwd+bwd - fwd) | backward/forward |\n|---|---|---|---|")
+        for a in d["adjoint"]:
+            A(f"| {a['backend']}+{a['pc']}, n={a['n']} | {fmt(a['times']['forward']['median'])} | "
+              f"{fmt(a['backward_s']['median'])} | {rng(a['backward_over_forward'])} |")
+        A("")
+    # ---- torch-sla
+    A("## torch-sla 0.4.0 (`bench/torch_sla_compare.py`)\n")
+    A("Distributed torch-sla runs as `DSparseTensor.partition(A, mesh)` over `torch.distributed` (gloo). "
+      "torch-sla documents `torchrun`; here both libraries share the processes, so the job is launched with "
+      "`mpirun` and the script sets `MASTER_ADDR=127.0.0.1`, `MASTER_PORT`, `RANK`, `WORLD_SIZE`, "
+      "`LOCAL_RANK` from the MPI rank before `init_process_group('gloo')` (what torchrun would set). "
+      "torch-sla's single-process pytorch backend overrides the caller's `rtol` with 1e-10, so it gets "
+      "`atol = rtol ||b||` (same stopping rule); residuals are listed.\n")
+    for n_r in (1, 2):
+        d = get(R, f"torch_sla_compare_n{n_r}")
+        if not d:
+            continue
+        A(f"### {n_r} process(es): {d.get('torch_sla_mode')}\n")
+        A("| section | n | contender | time (median) | detail |\n|---|---|---|---|---|")
+        for sec in ("matvec", "cg", "eigsh"):
+            s = d.get(sec, {})
+            if "error" in s:
+                A(f"| {sec} | - | - | failed | `{s['error'][:150]}` |")
+                continue
+            for k, v in s.get("times", {}).items():
+                det = ""
+                if sec == "cg":
+                    det = f"rel. residual {s['rel_residual'][k]:.1e}"
+                elif sec == "eigsh":
+                    det = f"max rel. eigenvalue error {s['max_rel_error'].get(k, float('nan')):.1e}"
+                elif sec == "matvec" and k == "torch_sla":
+                    det = (f"build: slasolve {fmt(s['build_s']['slasolve_from_local_rows'])}, torch-sla "
+                           f"{fmt(s['build_s']['torch_sla'])}")
+                A(f"| {sec} | {s['n']} | {k} | {fmt(v['median'])} | {det} |")
+        A("")
+    # ---- memory
+    d = get(R, "memory")
+    if d:
+        A("## Peak memory per rank (`bench/memory.py`)\n")
+        A(f"n = {d['n']}; each contender in its own mpirun job; max over ranks of `ru_maxrss`; floor = after "
+          "imports (Python, numpy, torch, mpi4py, petsc4py -- identical for all).\n")
+        A("| contender | ranks | floor MiB | peak MiB | peak - floor MiB | iterations |\n|---|---|---|---|---|---|")
+        for r in d["results"]:
+            if "error" in r:
+                A(f"| {r['kind']} | {r['ranks']} | failed | | | |")
+            else:
+                A(f"| {r['kind']} | {r['ranks']} | {r['floor_mib']:.0f} | {r['peak_mib']:.0f} | "
+                  f"{r['increment_mib']:.0f} | {r['per_rank'][0]['iterations']} |")
+        A("")
+    # ---- projection
+    d = get(R, "scaling_projection")
+    if d:
+        A("## 128-rank projection (`bench/scaling_projection.py`)\n")
+        A(f"3-D 7-point Poisson, N = {d['N']} unknowns ({d['n_edge']}^3). **Measured:** partition quality "
+          "(exact counts), per-rank compute time of a CG+Jacobi iteration on a local block of ceil(N/P) rows "
+          "(one core of this machine), loopback ping-pong. **Modelled:** communication, alpha-beta: "
+          "`T = T_compute + max_r(nbr_r alpha + 8 halo_r / beta) + 3 ceil(log2 P)(alpha + 8/beta)`.\n")
+        pp = d.get("loopback_measured")
+        a = d["assumed_interconnect"]
+        A(f"* assumed cluster interconnect: alpha = {a['alpha_s'] * 1e6:.1f} us, beta = {a['beta_Bps'] / 1e9:.0f} GB/s "
+          f"({a['why']})")
+        if pp:
+            A(f"* measured loopback (2 ranks, this machine): alpha = {pp['alpha_s'] * 1e6:.2f} us, "
+              f"beta = {pp['beta_Bps'] / 1e9:.2f} GB/s ({pp['fit']})")
+        A("* not modelled: memory-bandwidth sharing inside a node, network contention, OS noise.\n")
+        A("| scenario | partitioner | P | halo max (mean) | neighbours max (mean) | imbalance | bytes/matvec max | "
+          "bytes/CG it max | PETSc ms/it | torch ms/it | comm share (PETSc) |\n|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in d["projection"]:
+            mp, mt = r["petsc"], r["torch"]
+            A(f"| {r['scenario']} | {r['method']} | {r['P']} | {r['halo_max']} ({r['halo_mean']:.0f}) | "
+              f"{r['neighbours_max']} ({r['neighbours_mean']:.1f}) | {r['imbalance']:.3f} | {r['bytes_per_matvec_max']} | "
+              f"{r['bytes_per_cg_iter_max']} | {mp['total_s'] * 1e3:.3f} | {mt['total_s'] * 1e3:.3f} | "
+              f"{100 * (mp['halo_s'] + mp['reductions_s']) / mp['total_s']:.0f}% |")
+        A("")
+        A("| local block rows (measured) | nnz | PETSc CG it | torch CG it | PETSc matvec | slasolve matvec |"
+          "\n|---|---|---|---|---|---|")
+        for P, c in d["compute_measured"].items():
+            A(f"| {c['rows']} (P={P}) | {c['nnz']} | {fmt(c['petsc_cg_iter']['median'])} | "
+              f"{fmt(c['torch_cg_iter']['median'])} | {fmt(c['petsc_matvec']['median'])} | "
+              f"{fmt(c['slasolve_matvec']['median'])} |")
+        A("")
+    # ---- other scripts (eigen, fem): their own tables are in the logs
+    for name in ("eigen", "fem"):
+        for n_r in (1, 2):
+            r = R.get(f"{name}_n{n_r}", {})
+            if r.get("status") == "missing":
+                A(f"* `bench/{name}.py`: not present when this report was generated (skipped).")
+                break
+            if not r:
+                A(f"* `bench/{name}.py` at {n_r} rank(s): not run for this report (see `--only`).")
+            else:
+                A(f"* `bench/{name}.py` at {n_r} rank(s): {r['status']}; table in `bench/results/{name}_n{n_r}.log`, "
+                  f"JSON in `bench/results/{name}_n{n_r}.json`.")
+    A("")
+    A("## Runs\n")
+    A("| job | status | seconds |\n|---|---|---|")
+    for k, r in R.items():
+        A(f"| {k} | {r.get('status')} | {r.get('seconds', 0):.0f} |")
+    A("")
+    if made:
+        A("## Plots\n")
+        for m in made:
+            A(f"![{m}](bench/results/{m})")
+        A("")
+    return "\n".join(L) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes (development)")
+    ap.add_argument("--only", nargs="*", default=None, help="run only these jobs (names like krylov_n2)")
+    ap.add_argument("--report-only", action="store_true", help="rebuild BENCHMARKS.md from bench/results/*.json")
+    ap.add_argument("--out", default=os.path.join(ROOT, "BENCHMARKS.md"))
+    a = ap.parse_args()
+    os.makedirs(RES, exist_ok=True)
+    t0 = time.time()
+    R = {}
+    for name, script, launcher, args, timeout, _corr in jobs(a.quick):
+        if a.report_only or (a.only is not None and name not in a.only):
+            p = os.path.join(RES, name + ".json")
+            if os.path.exists(p):
+                with open(p) as f:
+                    R[name] = {"status": "ok (earlier run)", "data": json.load(f)}
+            elif not os.path.exists(os.path.join(HERE, script)):
+                R[name] = {"status": "missing"}
+            continue
+        R[name] = run_job(name, script, launcher, args, timeout, None)
+    made = []
+    try:
+        made = plots(R)
+    except Exception as e:  # plots must not lose the report
+        print(f"plots failed: {e!r}")
+    total = time.time() - t0
+    with open(a.out, "w") as f:
+        f.write(report(R, a.quick, total, made))
+    print(f"wrote {a.out} and {len(made)} plots in bench/results/ ({total / 60:.1f} min)")
+
+
+if __name__ == "__main__":
+    main()
