@@ -12,11 +12,11 @@ export OMPI_MCA_mpi_yield_when_idle=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MPLBACKEND=Agg PYTHONUNBUFFERED=1
 status=0
 echo "== serial (1 process, MPI tests at size 1)"
-timeout 900 "$PYTHON" -m pytest -q --with-mpi -p no:cacheprovider "$@" || status=1
+timeout 900 "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider "$@" || status=1
 for n in 2 4; do
   echo "== mpirun -n $n (MPI tests)"
   timeout 900 mpirun -n "$n" --oversubscribe --bind-to none \
-    "$here/scripts/mpi_pytest.sh" -q --with-mpi -m mpi -p no:cacheprovider "$@" || {
+    "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m mpi -p no:cacheprovider "$@" || {
       status=1; echo "mpirun -n $n failed; other ranks' logs:"; tail -n 30 .pytest-mpi/*.log 2>/dev/null; }
 done
 if [ $status -eq 0 ]; then echo "all test runs passed"; else echo "some test runs FAILED"; fi
