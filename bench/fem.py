@@ -185,13 +185,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    if MPI.COMM_WORLD.Get_size() > 1:
-        _prev = sys.excepthook
-
-        def _hook(kind, value, tb):
-            _prev(kind, value, tb)
-            sys.stderr.flush()
-            MPI.COMM_WORLD.Abort(1)
-
-        sys.excepthook = _hook
+    from slasolve import abort_on_unhandled_exception
+    abort_on_unhandled_exception()
     sys.exit(main())

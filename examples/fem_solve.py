@@ -32,6 +32,7 @@ from mpi4py import MPI
 
 from slasolve.fem import write_mesh
 from slasolve.fem.problems import convergence_rates, exact_elasticity, exact_poisson, manufactured_solve
+from slasolve import abort_on_unhandled_exception  # noqa: E402
 
 CELLS = {2: ("triangle", "quad"), 3: ("tetra", "hexahedron")}
 
@@ -120,20 +121,6 @@ def main(argv=None, comm=None) -> int:
     return 0 if r.converged else 1
 
 
-def _abort_on_unhandled_exception():
-    """A failing rank must not leave the others waiting: print the traceback, then Abort."""
-    if MPI.COMM_WORLD.Get_size() <= 1:
-        return
-    previous = sys.excepthook
-
-    def hook(kind, value, tb):
-        previous(kind, value, tb)
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
-
-    sys.excepthook = hook
-
-
 if __name__ == "__main__":
-    _abort_on_unhandled_exception()
+    abort_on_unhandled_exception()
     sys.exit(main())

@@ -48,6 +48,7 @@ import slasolve
 from slasolve.dsparse import _AllreduceSum
 from slasolve.fem import Assembler, DirichletBC, boundary_dofs, box_mesh, cell_laplacian, write_mesh
 from slasolve.testing import local_slice
+from slasolve import abort_on_unhandled_exception  # noqa: E402
 
 
 def allreduce_sum(t: torch.Tensor, comm) -> torch.Tensor:
@@ -227,22 +228,8 @@ def main(argv=None, comm=None) -> dict:
     return {"history": history, "final": final, "rel_error": rel, "theta": theta, "problem": prob}
 
 
-def _abort_on_unhandled_exception():
-    """A failing rank must not leave the others waiting: print the traceback, then Abort."""
-    if MPI.COMM_WORLD.Get_size() <= 1:
-        return
-    previous = sys.excepthook
-
-    def hook(kind, value, tb):
-        previous(kind, value, tb)
-        sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
-
-    sys.excepthook = hook
-
-
 if __name__ == "__main__":
-    _abort_on_unhandled_exception()
+    abort_on_unhandled_exception()
     torch.set_default_dtype(torch.float64)
     main()
     sys.exit(0)

@@ -1,6 +1,12 @@
-"""slasolve: MPI-first, PETSc-backed, differentiable sparse solvers for PyTorch."""
-__version__ = "0.1.0"
+"""slasolve: MPI-first, PETSc-backed, differentiable sparse solvers for PyTorch.
 
+The public API (see README.md): local and distributed sparse tensors
+(:class:`SparseTensor`, :class:`DSparseTensor`, placements), halo exchange
+(:class:`HaloPlan`), the PETSc bridge (:func:`from_petsc`, ``DSparseTensor.to_petsc``),
+Krylov solvers (:func:`solve`, :func:`cg`, :func:`gmres`, :func:`minres`,
+:func:`bicgstab`), eigensolvers (:func:`eigsh`) and, in :mod:`slasolve.fem`,
+finite elements. petsc4py/slepc4py are imported only when a PETSc path is used.
+"""
 import warnings as _warnings
 
 # torch marks its sparse CSR kernels "beta" with a one-time warning; slasolve
@@ -8,14 +14,21 @@ import warnings as _warnings
 _warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 _warnings.filterwarnings("ignore", message="Sparse BSR tensor support is in beta")
 
-# -- solvers (krylov) --
-from .krylov import ConvergenceError, SolveInfo, bicgstab, cg, gmres, minres, solve  # noqa: E402
-
-# -- foundation: local/distributed sparse tensors, placements, halo, PETSc bridge
-from .sparse import SparseTensor  # noqa: E402
-from .placement import DSparseSpec, Replicated, Shard, SparseShard, col_shard, row_shard  # noqa: E402
-from .halo import HaloPlan  # noqa: E402
+from ._comm import abort_on_unhandled_exception  # noqa: E402
 from .dsparse import DSparseTensor  # noqa: E402
+from .eigen import EigenConvergenceError, EigenInfo, eigsh  # noqa: E402
+from .halo import HaloPlan  # noqa: E402
+from .krylov import ConvergenceError, SolveInfo, bicgstab, cg, gmres, minres, solve  # noqa: E402
+from .placement import DSparseSpec, Replicated, Shard, SparseShard, col_shard, row_shard  # noqa: E402
+from .sparse import SparseTensor  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SparseTensor", "DSparseTensor", "DSparseSpec", "Replicated", "SparseShard", "Shard", "row_shard",
+    "col_shard", "HaloPlan", "from_petsc", "solve", "cg", "gmres", "minres", "bicgstab", "SolveInfo",
+    "ConvergenceError", "eigsh", "EigenInfo", "EigenConvergenceError", "abort_on_unhandled_exception",
+]
 
 
 def from_petsc(mat, **kwargs):
@@ -23,6 +36,3 @@ def from_petsc(mat, **kwargs):
     (see :func:`slasolve.petsc.from_petsc`); petsc4py is imported only here."""
     from .petsc import from_petsc as _from_petsc
     return _from_petsc(mat, **kwargs)
-
-# -- eigensolvers --
-from .eigen import EigenConvergenceError, EigenInfo, eigsh  # noqa: E402

@@ -17,10 +17,10 @@ import scipy.sparse as sp
 import torch
 from mpi4py import MPI
 
-from ._comm import check_collective, get_comm, ownership_offsets
+from ._comm import check_collective, get_comm
 from .halo import HaloPlan
 from .placement import DSparseSpec, Placement, Replicated, Shard, SparseShard, row_shard
-from .sparse import Pattern, SparseTensor, _check_finite, _csr_mv, _csr_rmv, _csr_value_grad
+from .sparse import Pattern, SparseTensor, _csr_mv, _csr_value_grad
 
 __all__ = ["DSparseTensor"]
 
@@ -734,7 +734,7 @@ class DSparseTensor:
 
     def diagonal(self) -> torch.Tensor:
         """Local. The owned rows' scalar diagonal (square row shard)."""
-        L = self._need_row_shard("diagonal")
+        self._need_row_shard("diagonal")
         return self.diag.diagonal()
 
     # -- global vectors ---------------------------------------------------------
@@ -779,7 +779,7 @@ class DSparseTensor:
     def gather(self, x_local: torch.Tensor, root: Optional[int] = 0) -> Optional[torch.Tensor]:
         """Collective. Assemble the global vector (user numbering) on ``root``
         (``None`` elsewhere), or on every rank with ``root=None``."""
-        L = self._need_row_shard("gather")
+        self._need_row_shard("gather")
         comm = self.comm
         err = None
         try:

@@ -11,7 +11,6 @@ import numbers
 import time
 from typing import Callable, Optional, Union
 
-import numpy as np
 import torch
 
 from .._comm import allreduce_max, allreduce_sum, check_collective

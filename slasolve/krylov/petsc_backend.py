@@ -14,7 +14,7 @@ rebuilds the preconditioner on the next solve (it tracks the Mat's state).
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 

@@ -7,7 +7,7 @@ solver (and preconditioner), then ``dL/db = lam`` and
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 

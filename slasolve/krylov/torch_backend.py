@@ -8,7 +8,7 @@ Jacobi across ranks): ``none``, ``jacobi``, ``bjacobi``/``ilu`` (ILU(0)),
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+
 
 import torch
 
