@@ -81,7 +81,7 @@ def _timed(fn, repeat, comm):
 
 
 def run_benchmark(n=500, k=6, tol=1e-8, repeat=2, comm=None, torch_backend=True, torch_pc="icc",
-                  torch_maxiter=20000, scipy_run=True, threads=1):
+                  torch_maxiter=20000, scipy_run=True, threads=1, torch_sla_timeout=120.0):
     """Collective. Run the comparison on an n x n grid; return a dict of measurements
     (identical on every rank except ``scipy`` entries, which rank 0 fills)."""
     from petsc4py import PETSc
@@ -173,11 +173,58 @@ def run_benchmark(n=500, k=6, tol=1e-8, repeat=2, comm=None, torch_backend=True,
         t_sc, err = comm.bcast((t_sc, err), root=0)
         res["times"]["scipy-arpack"] = t_sc
         res["errors"]["scipy-arpack"] = err
+    if torch_sla_timeout and size == 1:
+        res["torch_sla"] = _torch_sla_eigsh(n, mx, k, ref, torch_sla_timeout)
+        if res["torch_sla"].get("time") is not None:
+            res["times"]["torch-sla"] = res["torch_sla"]["time"]
+            res["errors"]["torch-sla"] = res["torch_sla"]["error"]
     base = res["times"]["slepc4py"]
     res["ratios"] = {key: v / base for key, v in res["times"].items()}
     mat.destroy()
     x0.destroy()
     return res
+
+
+_TORCH_SLA_SCRIPT = """
+import sys, time, numpy as np, torch
+sys.path.insert(0, {here!r})
+import torch_sla as ts
+from eigen import poisson2d_local_rows
+torch.set_num_threads(1)
+n, mx, k = {n}, {mx}, {k}
+N = n * mx
+ip, cols, vals = poisson2d_local_rows(n, 0, N, mx)
+row = torch.from_numpy(np.repeat(np.arange(N), np.diff(ip)))
+A = ts.SparseTensor(torch.from_numpy(vals), row, torch.from_numpy(cols), (N, N))
+t = time.perf_counter()
+w, V = A.eigsh(k=k, which="SA")
+print("TIME", time.perf_counter() - t)
+print("W", " ".join(repr(float(v)) for v in np.sort(np.asarray(w).ravel())[:k]))
+"""
+
+
+def _torch_sla_eigsh(n, mx, k, ref, timeout):
+    """torch-sla's ``SparseTensor.eigsh(k, which="SA")`` on the same matrix, in a child
+    process with a time limit (it can take far longer than the others)."""
+    import subprocess
+    try:
+        import torch_sla  # noqa: F401
+    except ImportError:
+        return {"time": None, "note": "torch-sla not installed"}
+    code = _TORCH_SLA_SCRIPT.format(here=os.path.dirname(os.path.abspath(__file__)), n=n, mx=mx, k=k)
+    try:
+        # a plain (non-MPI) child: drop the launcher's variables, or its MPI_Init would
+        # try to join this mpirun job
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
+                           env=env)
+    except subprocess.TimeoutExpired:
+        return {"time": None, "note": f"did not finish within {timeout:.0f} s"}
+    out = dict(line.split(" ", 1) for line in p.stdout.splitlines() if line.startswith(("TIME", "W")))
+    if p.returncode != 0 or "TIME" not in out:
+        return {"time": None, "note": f"failed (rc {p.returncode}): {p.stderr.strip()[-300:]}"}
+    w = np.array([float(v) for v in out["W"].split()])
+    return {"time": float(out["TIME"]), "error": float(np.max(np.abs(w - ref) / ref)), "note": "one run"}
 
 
 def print_table(res):
@@ -186,6 +233,8 @@ def print_table(res):
     print(f"{'solver':<18}{'time [s]':>12}{'ratio':>10}{'max rel err':>14}")
     for key, t in res["times"].items():
         print(f"{key:<18}{t:>12.3f}{res['ratios'][key]:>10.2f}{res['errors'][key]:>14.2e}")
+    if "torch_sla" in res and res["torch_sla"].get("time") is None:
+        print(f"torch-sla         {res['torch_sla']['note']}")
     if "torch_iterations" in res:
         print(f"(torch: LOBPCG + {res['torch_pc']}, {res['torch_iterations']} iterations, "
               f"{res['torch_converged']}/{res['k']} converged; slepc/scipy: shift-invert sigma=0)")
@@ -202,11 +251,13 @@ def main(argv=None):
     p.add_argument("--torch-pc", default="icc", help="LOBPCG preconditioner (jacobi, icc, none)")
     p.add_argument("--torch-maxiter", type=int, default=20000)
     p.add_argument("--no-scipy", action="store_true")
+    p.add_argument("--torch-sla-timeout", type=float, default=120.0,
+                   help="time limit for torch-sla's eigsh (1-rank runs only; 0 skips it)")
     p.add_argument("--json", default=None, help="write the measurements to this JSON file (rank 0)")
     a = p.parse_args(argv)
     res = run_benchmark(n=a.n, k=a.k, tol=a.tol, repeat=a.repeat, torch_backend=not a.no_torch,
                         torch_pc=a.torch_pc, torch_maxiter=a.torch_maxiter, scipy_run=not a.no_scipy,
-                        threads=a.threads)
+                        threads=a.threads, torch_sla_timeout=a.torch_sla_timeout)
     if MPI.COMM_WORLD.Get_rank() == 0:
         print_table(res)
         if a.json:
