@@ -45,15 +45,10 @@ import torch
 from mpi4py import MPI
 
 import slasolve
-from slasolve.dsparse import _AllreduceSum
+from slasolve import global_sum as allreduce_sum
 from slasolve.fem import Assembler, DirichletBC, boundary_dofs, box_mesh, cell_laplacian, write_mesh
 from slasolve.testing import local_slice
 from slasolve import abort_on_unhandled_exception  # noqa: E402
-
-
-def allreduce_sum(t: torch.Tensor, comm) -> torch.Tensor:
-    """Collective. Differentiable global sum (the result is replicated; backward: identity)."""
-    return _AllreduceSum.apply(t, comm)
 
 
 def hash_normal(ids: np.ndarray, seed: int, stream: int) -> np.ndarray:

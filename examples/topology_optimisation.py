@@ -34,15 +34,9 @@ import torch
 from mpi4py import MPI
 
 import slasolve
-from slasolve.dsparse import _AllreduceSum
+from slasolve import global_sum as allreduce_sum
 from slasolve.fem import Assembler, DensityFilter, DirichletBC, boundary_dofs, box_mesh
 from slasolve import abort_on_unhandled_exception  # noqa: E402
-
-
-def allreduce_sum(t: torch.Tensor, comm) -> torch.Tensor:
-    """Collective. Differentiable global sum of a (small) tensor (backward: identity,
-    since every rank's loss is the same replicated number)."""
-    return _AllreduceSum.apply(t, comm)
 
 
 def parse_args(argv=None):

@@ -15,6 +15,7 @@ _warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta
 _warnings.filterwarnings("ignore", message="Sparse BSR tensor support is in beta")
 
 from ._comm import abort_on_unhandled_exception  # noqa: E402
+from .autograd import global_sum  # noqa: E402
 from .dsparse import DSparseTensor  # noqa: E402
 from .eigen import EigenConvergenceError, EigenInfo, eigsh  # noqa: E402
 from .halo import HaloPlan  # noqa: E402
@@ -28,6 +29,7 @@ __all__ = [
     "SparseTensor", "DSparseTensor", "DSparseSpec", "Replicated", "SparseShard", "Shard", "row_shard",
     "col_shard", "HaloPlan", "from_petsc", "solve", "cg", "gmres", "minres", "bicgstab", "SolveInfo",
     "ConvergenceError", "eigsh", "EigenInfo", "EigenConvergenceError", "abort_on_unhandled_exception",
+    "global_sum",
 ]
 
 

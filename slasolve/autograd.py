@@ -12,7 +12,7 @@ import torch
 
 from .sparse import _csr_value_grad
 
-__all__ = ["matvec_value_grad"]
+__all__ = ["matvec_value_grad", "global_sum"]
 
 
 def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -36,3 +36,15 @@ def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if L.offd_pos.numel():
         gv[L.offd_pos] = _unscalar_grad(_csr_value_grad(po, g, xg), permo, L.offd_pos.numel(), L.block)
     return gv
+
+
+def global_sum(t: torch.Tensor, comm=None) -> torch.Tensor:
+    """Collective. Sum ``t`` over the ranks of ``comm``; differentiable.
+
+    Every rank gets the total (a replicated value, e.g. a global loss). The backward
+    passes the gradient through unchanged: with ``loss = global_sum(local_loss)`` on
+    every rank, ``d loss / d local_loss = 1`` on each rank, as it should be.
+    """
+    from ._comm import get_comm
+    from .dsparse import _AllreduceSum
+    return _AllreduceSum.apply(t, get_comm(comm))
