@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-__all__ = ["get_comm", "check_collective", "allreduce_sum", "allreduce_max", "exscan_sum"]
+__all__ = ["get_comm", "check_collective", "settings_digest", "allreduce_sum", "allreduce_max", "exscan_sum"]
 
 _ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError,
                 "FileNotFoundError": FileNotFoundError, "ImportError": ImportError}
@@ -28,21 +28,54 @@ def get_comm(comm: Optional[MPI.Comm] = None) -> MPI.Comm:
     return comm
 
 
-def check_collective(comm: MPI.Comm, error: Optional[BaseException]) -> None:
+def settings_digest(settings) -> int:
+    """Local. A 62-bit digest of ``settings`` (any value with a stable ``repr``),
+    identical in every process for equal settings (unlike ``hash``, which is salted)."""
+    import hashlib
+    h = hashlib.blake2b(repr(settings).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") >> 2
+
+
+def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=None) -> None:
     """Collective. Raise ``error`` (or the first rank's error) on every rank.
 
     Each rank passes the result of its own validation: ``None`` when its input is
     fine, or the exception it would raise. One small Allreduce decides whether any
     rank failed; only then are the messages gathered, and every rank raises the
     same exception type with the message of the lowest failing rank.
+
+    ``agree`` (optional): a mapping ``{argument name: value}`` of settings that must
+    be identical on every rank (method, tolerances, column counts, dtypes, ...).
+    Their digest rides on the same Allreduce; when the ranks disagree, every rank
+    raises ``ValueError`` naming the arguments that differ and their values per
+    rank. Nothing extra is communicated when they agree.
     """
     if comm.Get_size() == 1:
         if error is not None:
             raise error
         return
-    failed = comm.allreduce(1 if error is not None else 0, op=MPI.SUM)
-    if failed == 0:
+    if agree is None:
+        failed = comm.allreduce(1 if error is not None else 0, op=MPI.SUM)
+        differ = False
+    else:
+        d = settings_digest(sorted((str(k), v) for k, v in dict(agree).items()))
+        # one Allreduce(MIN) of [-failed, digest, -digest]: -(number failed) needs SUM, so
+        # count the failures separately only when some rank failed
+        buf = np.array([-(1 if error is not None else 0), d, -d], dtype=np.int64)
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MIN)
+        failed = -int(buf[0])
+        differ = int(buf[1]) != -int(buf[2])
+        if failed:
+            failed = comm.allreduce(1 if error is not None else 0, op=MPI.SUM)
+    if failed == 0 and not differ:
         return
+    if failed == 0:
+        mine = {str(k): v for k, v in dict(agree).items()}
+        everyone = comm.allgather({k: repr(v) for k, v in mine.items()})
+        names = sorted({k for e in everyone for k in e if len({repr(x.get(k)) for x in everyone}) > 1})
+        detail = "; ".join(f"{k}: " + ", ".join(f"rank {r}: {e.get(k)}" for r, e in enumerate(everyone))
+                           for k in names)
+        raise ValueError(f"arguments must be the same on every rank, but differ: {detail}")
     payload = None if error is None else (type(error).__name__, str(error))
     messages = comm.allgather(payload)
     first = next(r for r, m in enumerate(messages) if m is not None)
