@@ -7,7 +7,8 @@ every ``with_values`` copy), so new values are written into the same Mat.
 """
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -19,7 +20,7 @@ except ImportError as e:  # pragma: no cover - exercised on machines without PET
                       "(Debian/Ubuntu: apt install python3-petsc4py), see README") from e
 
 __all__ = ["PETSc", "to_petsc_mat", "fill_petsc_mat", "from_petsc", "tensor_to_vec", "vec_to_tensor",
-           "set_options"]
+           "set_options", "temporary_options", "option_entries"]
 
 _IntType = PETSc.IntType
 _ScalarType = PETSc.ScalarType
@@ -85,27 +86,44 @@ def fill_petsc_mat(mat, dA) -> None:
 
 def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None):
     """Collective. The cached PETSc Mat of ``dA``, created on first use and refilled in place
-    when ``dA``'s values differ from the last fill.
+    when ``dA``'s values differ from the values last written into it.
 
     ``mat_type``: ``"aij"`` (default for scalar tensors; for block tensors an AIJ Mat
     with the block size set, which every PETSc preconditioner accepts, GAMG included)
     or ``"baij"`` (default for block tensors). One Mat per type is cached.
+
+    Whether to refill is decided by comparing the values with a private copy of the
+    values last written (``torch.equal``, an O(nnz) read), not by a tensor stamp
+    (id / ``_version`` / data pointer): writes through ``.data``, NumPy views or
+    ``torch.no_grad`` in-place ops do not all bump ``_version``, and a Mat that
+    silently kept old values would give wrong solves and wrong gradients. Only a
+    refill changes the Mat's state, so an unchanged matrix keeps its preconditioner.
+    Each rank compares its own rows; since the refill is collective, the answers are
+    combined with one Allreduce(MAX) (only when the communicator has several ranks).
     """
     L = dA._need_row_shard("to_petsc")
     mat_type = _default_type(dA) if mat_type is None else mat_type
     mats = L.__dict__.setdefault("petsc_mats", {})
-    vals = dA.values
-    stamp = (id(vals), vals._version, vals.data_ptr())
+    vals = dA.values.detach()
     entry = mats.get(mat_type)
     if entry is None:
-        entry = mats[mat_type] = [_create(dA, mat_type), stamp]
-    elif refill and entry[1] != stamp:
+        entry = mats[mat_type] = [_create(dA, mat_type), vals.clone()]
+    elif refill and _changed_anywhere(dA.comm, entry[1], vals):
         fill_petsc_mat(entry[0], dA)
-        entry[1] = stamp
+        entry[1] = vals.clone()
     if mat_type == _default_type(dA):
-        L.petsc_mat, L.petsc_filled_from = entry[0], entry[1]
-    L.__dict__.setdefault("petsc_values_refs", {})[mat_type] = vals  # keeps id() stamps unique
+        L.petsc_mat = entry[0]
     return entry[0]
+
+
+def _changed_anywhere(comm, snapshot: torch.Tensor, vals: torch.Tensor) -> bool:
+    """Collective. True on every rank when any rank's values differ from its snapshot."""
+    mine = not (snapshot.shape == vals.shape and snapshot.dtype == vals.dtype
+                and snapshot.device == vals.device and torch.equal(snapshot, vals))
+    if comm.Get_size() == 1:
+        return mine
+    from mpi4py import MPI
+    return bool(comm.allreduce(int(mine), op=MPI.MAX))
 
 
 def from_petsc(mat, *, dtype: torch.dtype = torch.float64):
@@ -184,7 +202,9 @@ def vec_to_tensor(vec, *, copy: bool = True, dtype: Optional[torch.dtype] = None
 
 
 def set_options(options: Optional[dict], prefix: Optional[str] = None) -> None:
-    """Local. Put ``{name: value}`` into the PETSc options database under ``prefix``."""
+    """Local. Put ``{name: value}`` into the PETSc options database under ``prefix``
+    *permanently* (every later ``setFromOptions`` sees them). Solvers use
+    :func:`temporary_options` instead."""
     if not options:
         return
     opts = PETSc.Options(prefix)
@@ -196,3 +216,42 @@ def set_options(options: Optional[dict], prefix: Optional[str] = None) -> None:
             opts[key] = "false"
         else:
             opts[key] = v
+
+
+def option_entries(options: Optional[dict]) -> dict:
+    """Local. ``{name: string value}`` as written into the options database
+    (``None``/``True`` -> ``""``, ``False`` -> ``"false"``, leading dashes dropped)."""
+    out = {}
+    for k, v in (options or {}).items():
+        key = str(k).lstrip("-")
+        out[key] = "" if v is None or v is True else ("false" if v is False else str(v))
+    return out
+
+
+@contextlib.contextmanager
+def temporary_options(options: Optional[dict], prefix: Optional[str] = None) -> Iterator[None]:
+    """Local. Put ``options`` into the PETSc options database under ``prefix`` for the
+    duration of the block, then restore what was there before (earlier values,
+    command-line options included, come back; new names are deleted), so one call's
+    ``petsc_options`` never reach a later call.
+
+    Use it around ``setFromOptions()`` (and anything else that reads the database).
+    """
+    entries = option_entries(options)
+    if not entries:
+        yield
+        return
+    opts = PETSc.Options(prefix)
+    saved = {}
+    try:
+        for key, val in entries.items():
+            if key not in saved:
+                saved[key] = opts.getString(key) if opts.hasName(key) else None
+            opts[key] = val
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                opts.delValue(key)
+            else:
+                opts[key] = old
