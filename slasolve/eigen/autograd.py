@@ -71,8 +71,9 @@ DEGENERATE_RTOL = 1e-8
 class _State:
     """Everything the backward needs (detached operators, options)."""
 
-    def __init__(self, dA, dM, grad_rtol, grad_maxiter, degenerate_rtol):
+    def __init__(self, dA, dM, grad_rtol, grad_maxiter, degenerate_rtol, w_next=None):
         self.dA = dA
+        self.w_next = w_next
         self.dM = dM
         self.grad_rtol = grad_rtol
         self.grad_maxiter = grad_maxiter

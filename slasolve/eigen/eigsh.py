@@ -19,6 +19,13 @@ from .autograd import DEGENERATE_RTOL, EigshFunction, _State
 from .info import EigenConvergenceError, EigenInfo
 from .torch_methods import fix_signs, lanczos, lobpcg, start_vectors
 
+try:  # at import (collective, with slasolve's PETSc start-up), never lazily inside eigsh
+    from . import slepc_backend
+    _SLEPC_IMPORT_ERROR = None
+except ImportError as _e:  # pragma: no cover - machines without slepc4py
+    slepc_backend = None
+    _SLEPC_IMPORT_ERROR = str(_e)
+
 __all__ = ["eigsh", "default_backend"]
 
 _WHICH = ("LA", "SA", "LM", "SM")
@@ -27,11 +34,7 @@ _BACKENDS = ("slepc", "torch")
 
 def default_backend() -> str:
     """Local. ``"slepc"`` when slepc4py imports, else ``"torch"``."""
-    try:
-        from . import slepc_backend  # noqa: F401
-        return "slepc"
-    except ImportError:
-        return "torch"
+    return "slepc" if slepc_backend is not None else "torch"
 
 
 def _as_row_shard(A, name):
@@ -163,70 +166,23 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
     dA = _as_row_shard(A, "A")
     comm = dA.comm
     dM = None
+    n = int(dA.global_shape[0]) * (dA.block_shape[0] if dA.block_shape else 1)
     err = None
     try:
         if M is not None:
             dM = _as_row_shard(M, "M")
-    except (TypeError, ValueError) as e:
-        err = e
-    check_collective(comm, err)
-    n = int(dA.global_shape[0]) * (dA.block_shape[0] if dA.block_shape else 1)
-    err = None
-    try:
-        if dA.global_shape[0] != dA.global_shape[1]:
-            raise ValueError(f"A: must be square, got global shape {dA.global_shape}")
-        if not dA.dtype.is_floating_point or dA.dtype.is_complex:
-            raise TypeError(f"A: real floating dtype required, got {dA.dtype}")
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-            raise TypeError(f"k: must be an int, got {type(k).__name__}")
-        k = int(k)
-        if not (1 <= k < n):
-            raise ValueError(f"k: need 1 <= k < n = {n} (use a dense solver for all eigenpairs), got k={k}")
-        if which not in _WHICH:
-            raise ValueError(f"which: expected one of {_WHICH}, got {which!r}")
-        if sigma is not None:
-            if not isinstance(sigma, numbers.Real) or not math.isfinite(float(sigma)):
-                raise ValueError(f"sigma: must be a finite real number or None, got {sigma!r}")
-            sigma = float(sigma)
-            if which != "LM":
-                raise ValueError(f"which: with sigma only 'LM' (eigenvalues nearest sigma) is supported, "
-                                 f"got {which!r}")
-        if not (isinstance(tol, numbers.Real) and tol > 0):
-            raise ValueError(f"tol: must be a positive number, got {tol!r}")
-        if maxiter is not None and (not isinstance(maxiter, numbers.Integral) or maxiter < 1):
-            raise ValueError(f"maxiter: must be a positive int or None, got {maxiter!r}")
         if backend is None:
             backend = default_backend()
-        if backend not in _BACKENDS:
-            raise ValueError(f"backend: expected one of {_BACKENDS}, got {backend!r}")
-        if method is not None and method not in ("lobpcg", "lanczos"):
-            raise ValueError(f"method: expected 'lobpcg', 'lanczos' or None, got {method!r}")
-        if dM is not None:
-            if dM.comm is not comm and comm.Compare(dM.comm) not in (0, 1):  # IDENT, CONGRUENT
-                raise ValueError("M: must live on A's communicator")
-            if tuple(dM.global_shape) != tuple(dA.global_shape):
-                raise ValueError(f"M: global shape {dM.global_shape} differs from A's {dA.global_shape}")
-            if dM.row_range != dA.row_range:
-                raise ValueError(f"M: owns rows {dM.row_range} on this rank, A owns {dA.row_range}; "
-                                 "M needs A's layout")
-            if dM.dtype != dA.dtype:
-                raise TypeError(f"M: dtype {dM.dtype} differs from A's {dA.dtype}")
-        if v0 is not None:
-            if not isinstance(v0, torch.Tensor):
-                raise TypeError(f"v0: must be a torch.Tensor, got {type(v0).__name__}")
-            if v0.reshape(-1).shape[0] != dA.n_local or v0.dim() > 2 or (v0.dim() == 2 and v0.shape[1] != 1):
-                raise ValueError(f"v0: must hold this rank's {dA.n_local} owned rows, got shape "
-                                 f"{tuple(v0.shape)}")
-    except (TypeError, ValueError) as e:
+        k, sigma = _validate(dA, dM, comm, n, k, which, sigma, tol, maxiter, backend, method, ncv, v0,
+                             petsc_options, options_prefix)
+    except (TypeError, ValueError, ImportError) as e:
         err = e
-    check_collective(comm, err)
-    if backend == "slepc":
-        err = None
-        try:
-            from . import slepc_backend  # noqa: F401
-        except ImportError as e:
-            err = e
-        check_collective(comm, err)
+    check_collective(comm, err, agree=_agreed_settings(
+        k=k, which=which, sigma=sigma, tol=tol, maxiter=maxiter, backend=backend, method=method, ncv=ncv,
+        pc=pc, M=M is not None, v0=v0 is not None, dtype=str(dA.dtype), return_info=return_info,
+        raise_on_fail=raise_on_fail, check_input=check_input, petsc_options=petsc_options,
+        options_prefix=options_prefix, st_solver=st_solver, grad_rtol=grad_rtol, grad_maxiter=grad_maxiter,
+        degenerate_rtol=degenerate_rtol))
 
     dt = dA.dtype
     dev = dA.device
@@ -250,21 +206,36 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
             v0 = v0.detach().reshape(-1).to(dtype=dt, device=dev)
         t_setup = time.perf_counter() - t_start
         if backend == "slepc":
-            w, V, conv, its, setup, solve_t, method_name = _run_slepc(
-                dA0, dM0, k, which, sigma, v0, tol, maxiter, ncv, options_prefix, petsc_options, st_solver)
-            V = V.to(dtype=dt, device=dev)
-            w = w.to(dtype=dt, device=dev)
-            V = _m_orthonormalize(V, dM0, rs)
+            solver = _SlepcSolver(dA0, dM0, k, which, sigma, tol, maxiter, ncv, options_prefix,
+                                  petsc_options, st_solver)
         else:
-            w, V, conv, its, setup, solve_t, method_name = _run_torch(
-                dA0, dM0, k, which, sigma, v0, tol, maxiter, method, ncv, pc, rs, rm, row_offset, row_ids)
+            solver = _TorchSolver(dA0, dM0, k, which, sigma, tol, maxiter, method, ncv, pc, rs, rm,
+                                  row_offset, row_ids)
+        try:
+            w, V, conv, its, solve_t = solver.solve(k, v0, None)
+            w, V = w.to(dtype=dt, device=dev), V.to(dtype=dt, device=dev)
+            V = _m_orthonormalize(V, dM0, rs)
+            method_name = solver.method
+            info = EigenInfo(converged=int(min(conv, k)), k=k, iterations=int(its), residual_norms=[],
+                             method=method_name, backend=backend, setup_time=t_setup + solver.setup_time,
+                             solve_time=solve_t, matvecs=0)
+            w_next = None
+            if info.converged >= k:
+                t1 = time.perf_counter()
+                w, V, info.verify_rounds, w_next, verr = _verify(
+                    solver, w, V, k, which, sigma, tol, n, dM0, rs, row_offset, row_ids)
+                info.verify_time = time.perf_counter() - t1
+                info.solve_time += info.verify_time
+                info.verified = verr is None
+                if verr is not None and raise_on_fail:
+                    raise EigenConvergenceError(f"eigsh ({backend}, {method_name}): {verr}", info)
+        finally:
+            solver.close()
         order = torch.argsort(w)
         w, V = w[order].contiguous(), V[:, order].contiguous()
         V = fix_signs(V, reduce_max=rm, row_offset=row_offset, row_ids=row_ids)
         res = _residuals(dA0, dM0, w, V, tol, rs)
-        info = EigenInfo(converged=int(min(conv, k)), k=k, iterations=int(its),
-                         residual_norms=[float(r) for r in res], method=method_name, backend=backend,
-                         setup_time=t_setup + setup, solve_time=solve_t, matvecs=0)
+        info.residual_norms = [float(r) for r in res]
     if info.converged < k and raise_on_fail:
         raise EigenConvergenceError(
             f"eigsh ({backend}, {method_name}): only {info.converged} of the k={k} requested eigenpairs "
@@ -275,11 +246,86 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
     needs_grad = torch.is_grad_enabled() and (
         dA.values.requires_grad or (dM is not None and dM.values.requires_grad))
     if needs_grad:
-        state = _State(dA0, dM0, grad_rtol, grad_maxiter, degenerate_rtol)
+        state = _State(dA0, dM0, grad_rtol, grad_maxiter, degenerate_rtol, w_next=w_next)
         w, V = EigshFunction.apply(dA.values, dM.values if dM is not None else None, w, V, state)
     if return_info:
         return w, V, info
     return w, V
+
+
+def _agreed_settings(**kw):
+    """Settings that must be identical on every rank, as values with a stable repr."""
+    pc = kw["pc"]
+    kw["pc"] = "<callable>" if callable(pc) else pc
+    opts = kw["petsc_options"]
+    if opts is not None:
+        try:
+            kw["petsc_options"] = tuple(sorted((str(a), repr(b)) for a, b in dict(opts).items()))
+        except (TypeError, ValueError):
+            kw["petsc_options"] = repr(opts)
+    for name in ("k", "which", "sigma", "tol", "maxiter", "ncv", "options_prefix", "st_solver",
+                 "grad_rtol", "grad_maxiter", "degenerate_rtol", "backend", "method"):
+        v = kw[name]
+        if not isinstance(v, (int, float, str, type(None))):
+            kw[name] = repr(v)
+    return kw
+
+
+def _validate(dA, dM, comm, n, k, which, sigma, tol, maxiter, backend, method, ncv, v0, petsc_options,
+              options_prefix):
+    """Local checks of the arguments (raise TypeError/ValueError); returns ``(k, sigma)``."""
+    if dA.global_shape[0] != dA.global_shape[1]:
+        raise ValueError(f"A: must be square, got global shape {dA.global_shape}")
+    if not dA.dtype.is_floating_point or dA.dtype.is_complex:
+        raise TypeError(f"A: real floating dtype required, got {dA.dtype}")
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise TypeError(f"k: must be an int, got {type(k).__name__}")
+    k = int(k)
+    if not (1 <= k < n):
+        raise ValueError(f"k: need 1 <= k < n = {n} (use a dense solver for all eigenpairs), got k={k}")
+    if not isinstance(which, str) or which not in _WHICH:
+        raise ValueError(f"which: expected one of {_WHICH}, got {which!r}")
+    if sigma is not None:
+        if isinstance(sigma, bool) or not isinstance(sigma, numbers.Real) or not math.isfinite(float(sigma)):
+            raise ValueError(f"sigma: must be a finite real number or None, got {sigma!r}")
+        sigma = float(sigma)
+        if which != "LM":
+            raise ValueError(f"which: with sigma only 'LM' (eigenvalues nearest sigma) is supported, "
+                             f"got {which!r}")
+    if isinstance(tol, bool) or not (isinstance(tol, numbers.Real) and tol > 0):
+        raise ValueError(f"tol: must be a positive number, got {tol!r}")
+    if maxiter is not None and (isinstance(maxiter, bool) or not isinstance(maxiter, numbers.Integral)
+                                or maxiter < 1):
+        raise ValueError(f"maxiter: must be a positive int or None, got {maxiter!r}")
+    if ncv is not None and (isinstance(ncv, bool) or not isinstance(ncv, numbers.Integral) or not k < ncv <= n):
+        raise ValueError(f"ncv: must be an int with k < ncv <= n = {n}, or None; got {ncv!r}")
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend: expected one of {_BACKENDS}, got {backend!r}")
+    if backend == "slepc" and _SLEPC_IMPORT_ERROR is not None:
+        raise ImportError(f"backend='slepc': {_SLEPC_IMPORT_ERROR}")
+    if method is not None and method not in ("lobpcg", "lanczos"):
+        raise ValueError(f"method: expected 'lobpcg', 'lanczos' or None, got {method!r}")
+    if petsc_options is not None and not isinstance(petsc_options, dict):
+        raise TypeError(f"petsc_options: must be a dict or None, got {type(petsc_options).__name__}")
+    if options_prefix is not None and not isinstance(options_prefix, str):
+        raise TypeError(f"options_prefix: must be a str or None, got {type(options_prefix).__name__}")
+    if dM is not None:
+        if dM.comm is not comm and comm.Compare(dM.comm) not in (0, 1):  # IDENT, CONGRUENT
+            raise ValueError("M: must live on A's communicator")
+        if tuple(dM.global_shape) != tuple(dA.global_shape):
+            raise ValueError(f"M: global shape {dM.global_shape} differs from A's {dA.global_shape}")
+        if dM.row_range != dA.row_range:
+            raise ValueError(f"M: owns rows {dM.row_range} on this rank, A owns {dA.row_range}; "
+                             "M needs A's layout")
+        if dM.dtype != dA.dtype:
+            raise TypeError(f"M: dtype {dM.dtype} differs from A's {dA.dtype}")
+    if v0 is not None:
+        if not isinstance(v0, torch.Tensor):
+            raise TypeError(f"v0: must be a torch.Tensor, got {type(v0).__name__}")
+        if v0.reshape(-1).shape[0] != dA.n_local or v0.dim() > 2 or (v0.dim() == 2 and v0.shape[1] != 1):
+            raise ValueError(f"v0: must hold this rank's {dA.n_local} owned rows, got shape "
+                             f"{tuple(v0.shape)}")
+    return k, sigma
 
 
 # --------------------------------------------------------------------------- #
@@ -369,23 +415,6 @@ def _residuals(dA, dM, w, V, tol, rs):
 # --------------------------------------------------------------------------- #
 # backends
 # --------------------------------------------------------------------------- #
-def _run_slepc(dA, dM, k, which, sigma, v0, tol, maxiter, ncv, options_prefix, petsc_options, st_solver):
-    from .slepc_backend import slepc_eigsh, PETSc
-    err = None
-    out = None
-    try:
-        out = slepc_eigsh(dA, dM, k, which=which, sigma=sigma, v0=v0, tol=tol, maxiter=maxiter, ncv=ncv,
-                          options_prefix=options_prefix, petsc_options=petsc_options, st_solver=st_solver)
-    except PETSc.Error as e:
-        msg = f"SLEPc failed: {e}"
-        if dM is not None:
-            msg += " (for a generalized problem this usually means M is not positive definite)"
-        err = ValueError(msg) if dM is not None else RuntimeError(msg)
-    check_collective(dA.comm, err)
-    w, V, nconv, its, setup, solve_t, _reason = out
-    return w, V, nconv, its, setup, solve_t, "krylovschur" + ("+sinvert" if sigma is not None else "")
-
-
 def _abs_diag_pc(d):
     d = d.reshape(-1).abs()
     inv = torch.where(d > 0, 1.0 / torch.where(d > 0, d, torch.ones_like(d)), torch.ones_like(d))
@@ -463,68 +492,243 @@ def _shifted(dA, dM, sigma):
     return DSparseTensor.from_local_rows(indptr, c, v, dA.global_shape, dA.comm, n_local_cols=dA.n_local)
 
 
-def _run_torch(dA, dM, k, which, sigma, v0, tol, maxiter, method, ncv, pc, rs, rm, row_offset, row_ids):
-    t0 = time.perf_counter()
-    comm = dA.comm
-    n_local = dA.n_local
-    dt, dev = dA.dtype, dA.device
-    n_global = int(dA.global_shape[0])
+# --------------------------------------------------------------------------- #
+# multiplicity verification
+# --------------------------------------------------------------------------- #
+#: candidates asked from each deflated verification solve (at most k)
+VERIFY_NEV = 2
 
-    def Aop(X):
-        return dA @ X
 
-    Bop = (lambda X: dM @ X) if dM is not None else None
-    if sigma is None and which == "SM":
-        sigma = 0.0
-    kw = dict(reduce_sum=rs, reduce_max=rm, row_offset=row_offset, row_ids=row_ids)
-    if sigma is None:
-        if method is None:
-            method = "lobpcg" if which == "SA" else "lanczos"
-        if method == "lobpcg":
-            if which == "LM":
-                raise ValueError("method: 'lobpcg' computes 'LA' or 'SA' eigenvalues, not which='LM'")
-            m = min(max(2 * k, k + 4), n_global)
-            X0 = start_vectors(n_local, m, row_offset=row_offset, row_ids=row_ids, seed=1, dtype=dt,
-                               device=dev)
-            X0[:, 0] = v0
-            T = _build_pc(dA, pc, comm) if which == "SA" else None
-            setup = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            w, V, inf = lobpcg(Aop, X0, B=Bop, T=T, k=k, largest=(which == "LA"), tol=tol,
-                               maxiter=maxiter if maxiter is not None else 5000, **kw)
+def _want_key(w, which, sigma):
+    """Smaller key = more wanted."""
+    if sigma is not None:
+        return (w - sigma).abs()
+    return {"SA": w, "LA": -w, "LM": -w.abs(), "SM": w.abs()}[which]
+
+
+def _verify(solver, w, V, k, which, sigma, tol, n, dM, rs, row_offset, row_ids):
+    """Collective. Make ``(w, V)`` the ``k`` wanted eigenpairs counted with multiplicity.
+
+    A single-vector method finds one copy of each repeated eigenvalue (its start
+    vector has one component per eigenspace). Each round re-solves in the
+    M-orthogonal complement of ``span(V)`` (``solver.solve(..., deflate=V)``) from a
+    new start vector; every converged eigenvalue of the deflated problem more
+    wanted than the current k-th (by more than ``delta``) was missed: merge, keep
+    the ``k`` most wanted, repeat. A round that finds nothing better proves the set
+    (the deflated problem's most wanted eigenvalue is the best one left out).
+
+    Returns ``(w, V, rounds, w_next, error)``: ``w_next`` the most wanted eigenvalue
+    left out (None when unknown), ``error`` a message when the verification could not
+    be completed (None on success). All decisions use reduced data: identical on
+    every rank.
+    """
+    max_rounds = k + 2
+    eps = torch.finfo(w.dtype).eps
+    for rnd in range(1, max_rounds + 1):
+        MV = dM @ V if dM is not None else V
+        n_rest = n - V.shape[1]
+        nev = min(VERIFY_NEV, k)
+        v0 = start_vectors(V.shape[0], 1, row_offset=row_offset, row_ids=row_ids, seed=1000 + rnd,
+                           dtype=V.dtype, device=V.device)[:, 0]
+        if n_rest <= max(2 * nev + 8, 16):
+            wc, Vc = _complement_rr(solver, V, MV, n_rest, row_offset, row_ids, rs, dM)
+            nconv = wc.numel()
         else:
-            Bs = _mass_solver(dM, tol, rs) if dM is not None else None
-            setup = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            w, V, inf = lanczos(Aop, v0, k, which=which, B=Bop, B_solve=Bs, tol=tol,
-                                maxiter=maxiter if maxiter is not None else 1000, ncv=ncv, **kw)
-        return w, V, inf.converged, inf.iterations, setup, time.perf_counter() - t1, inf.method
-    # shift-and-invert Lanczos on (A - sigma M)^{-1} M, M-inner product; the inner
-    # solves go through slasolve.solve (native MINRES: A - sigma M is indefinite)
-    from ..krylov import solve as _solve
-    dK = _shifted(dA, dM, sigma)
-    T = _build_pc(dK, pc, comm)
-    inner_rtol = min(1e-2 * tol, 1e-10)
+            wc, Vc, nconv, _its, _t = solver.solve(nev, v0, (V, MV))
+            wc, Vc = wc.to(w.dtype), Vc.to(V.dtype)
+        if nconv < 1 or wc.numel() < 1:
+            return w, V, rnd, None, (
+                f"the deflated verification solve (round {rnd}) did not converge, so the {k} eigenvalues "
+                "cannot be confirmed to be the wanted ones counted with multiplicity; raise maxiter / ncv "
+                "or loosen tol")
+        wc, Vc = wc[:nconv], Vc[:, :nconv]
+        key, keyc = _want_key(w, which, sigma), _want_key(wc, which, sigma)
+        kth = float(key.max())
+        scale = max(float(w.abs().max()), float(wc.abs().max()))
+        delta = 10 * tol * (max(abs(kth), float(keyc.abs().min())) + (abs(sigma) if sigma is not None else 0)) \
+            + 100 * eps * scale
+        better = keyc < kth - delta
+        best = int(torch.argmin(keyc))
+        if not bool(better.any()):
+            return w, V, rnd, float(wc[best]), None
+        # the candidates are M-orthogonal to V up to the deflation accuracy
+        cross = rs(Vc.mT @ MV).abs().max() if V.shape[1] else torch.zeros(())
+        if not float(cross) < 1e-6:
+            return w, V, rnd, None, (
+                f"the deflated verification solve returned vectors not M-orthogonal to the found ones "
+                f"(|V^T M v| = {float(cross):.2e}); cannot confirm the eigenvalue multiplicities")
+        pool_w = torch.cat([w, wc[better]])
+        pool_V = torch.cat([V, Vc[:, better]], 1)
+        order = torch.sort(_want_key(pool_w, which, sigma), stable=True).indices[:k]
+        w, V = pool_w[order], pool_V[:, order]
+        V = _m_orthonormalize(V, dM, rs)
+    return w, V, max_rounds, None, (
+        f"the multiplicity verification did not settle after {max_rounds} deflated solves")
 
-    def Kinv(X):
-        with torch.no_grad():
-            Y, inf = _solve(dK, X.contiguous(), "minres", backend="torch", M=T, rtol=inner_rtol,
-                            maxiter=max(20 * n_global, 1000), raise_on_fail=False, return_info=True)
-        if not inf.converged:
-            raise EigenConvergenceError(
-                f"eigsh (torch, shift-invert): the inner MINRES solve with A - sigma M failed "
-                f"({inf.reason} after {inf.iterations} iterations); is sigma={sigma} an eigenvalue?")
-        return Y
 
-    if dM is None:
-        OPA, B, Bs = Kinv, None, None
-    else:
-        def OPA(X):
-            return Bop(Kinv(Bop(X)))
-        B, Bs = Bop, _mass_solver(dM, tol, rs)
-    setup = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    theta, V, inf = lanczos(OPA, v0, k, which="LM", B=B, B_solve=Bs, tol=tol,
-                            maxiter=maxiter if maxiter is not None else 1000, ncv=ncv, **kw)
-    w = sigma + 1.0 / theta
-    return w, V, inf.converged, inf.iterations, setup, time.perf_counter() - t1, "lanczos+sinvert"
+def _complement_rr(solver, V, MV, n_rest, row_offset, row_ids, rs, dM):
+    """Collective. All eigenpairs of the (small, ``n_rest``-dimensional, invariant)
+    M-orthogonal complement of ``span(V)``: Rayleigh-Ritz on a random block
+    projected into it (no global arrays; for ``k`` close to ``n``)."""
+    Z = start_vectors(V.shape[0], n_rest, row_offset=row_offset, row_ids=row_ids, seed=777,
+                      dtype=V.dtype, device=V.device)
+    for _ in range(2):
+        Z = Z - V @ rs(MV.mT @ Z)
+    Z = _m_orthonormalize(Z, dM, rs)
+    AZ = solver.dA @ Z
+    H = rs(Z.mT @ AZ)
+    theta, C = torch.linalg.eigh(0.5 * (H + H.mT))
+    return theta, Z @ C
+
+
+# --------------------------------------------------------------------------- #
+# backends: one solver object per call, reused by the verification rounds
+# --------------------------------------------------------------------------- #
+class _SlepcSolver:
+    """Collective. ``solve(nev, v0, deflate)`` on one configured EPS (SlepcSession);
+    PETSc errors become ValueError (bad options, indefinite M) / RuntimeError, on
+    every rank."""
+
+    def __init__(self, dA, dM, k, which, sigma, tol, maxiter, ncv, options_prefix, petsc_options,
+                 st_solver):
+        self.dA, self.dM = dA, dM
+        err = None
+        self.session = None
+        try:
+            self.session = slepc_backend.SlepcSession(
+                dA, dM, k, which=which, sigma=sigma, tol=tol, maxiter=maxiter, ncv=ncv,
+                options_prefix=options_prefix, petsc_options=petsc_options, st_solver=st_solver)
+        except slepc_backend.PETSc.Error as e:
+            err = ValueError(f"petsc_options / options_prefix {options_prefix!r}: SLEPc rejected the "
+                             f"configuration ({e})")
+        check_collective(dA.comm, err)
+        self.method = self.session.method
+        self.setup_time = self.session.setup_time
+
+    def solve(self, nev, v0, deflate):
+        err = out = None
+        try:
+            if deflate is not None:
+                deflate = deflate[0].to(torch.float64)
+            out = self.session.solve(nev, v0, deflate)
+        except slepc_backend.PETSc.Error as e:
+            msg = f"SLEPc ({self.method}) failed: {e}"
+            if deflate is not None:
+                msg += " (in the deflated multiplicity verification; this EPS type may not support a " \
+                       "deflation space -- use the default Krylov-Schur)"
+                err = RuntimeError(msg)
+            elif self.dM is not None:
+                err = ValueError(msg + " (for a generalized problem this usually means M is not positive "
+                                 "definite)")
+            else:
+                err = RuntimeError(msg)
+        check_collective(self.dA.comm, err)
+        return out
+
+    def close(self):
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
+class _TorchSolver:
+    """Collective. The native kernels behind ``solve(nev, v0, deflate)`` (the
+    operators, preconditioners and shift-invert solver are built once)."""
+
+    def __init__(self, dA, dM, k, which, sigma, tol, maxiter, method, ncv, pc, rs, rm, row_offset, row_ids):
+        t0 = time.perf_counter()
+        self.dA, self.dM = dA, dM
+        self.tol, self.ncv = tol, ncv
+        self.rs = rs
+        self.n_global = int(dA.global_shape[0])
+        self.kw = dict(reduce_sum=rs, reduce_max=rm, row_offset=row_offset, row_ids=row_ids)
+        self.row_offset, self.row_ids = row_offset, row_ids
+        comm = dA.comm
+        self.Bop = (lambda X: dM @ X) if dM is not None else None
+        if sigma is None and which == "SM":
+            sigma = 0.0
+        self.sigma, self.which = sigma, which
+        err = None
+        if sigma is None:
+            if method is None:
+                method = "lobpcg" if which == "SA" else "lanczos"
+            if method == "lobpcg" and which not in ("SA", "LA"):
+                err = ValueError("method: 'lobpcg' computes 'LA' or 'SA' eigenvalues, not which='LM'")
+        else:
+            if method == "lobpcg":
+                err = ValueError("method: shift-invert (sigma, or which='SM' in the torch backend) runs "
+                                 "Lanczos; method='lobpcg' is not available there")
+            method = "lanczos"
+        check_collective(comm, err)
+        self.kind = method
+        self.method = method + ("+sinvert" if sigma is not None else "")
+        self.maxiter = maxiter if maxiter is not None else (5000 if method == "lobpcg" else 1000)
+        if sigma is None:
+            self.T = _build_pc(dA, pc, comm) if (method == "lobpcg" and which == "SA") else None
+            self.Bs = _mass_solver(dM, tol, rs) if (dM is not None and method == "lanczos") else None
+            self.OP = lambda X: dA @ X
+        else:
+            self.OP, self.Bs = self._shift_invert(dA, dM, sigma, pc, comm, tol, rs)
+        self.setup_time = time.perf_counter() - t0
+
+    def _shift_invert(self, dA, dM, sigma, pc, comm, tol, rs):
+        # Lanczos on (A - sigma M)^{-1} M in the M-inner product; the inner solves go
+        # through slasolve.solve (native MINRES: A - sigma M is indefinite)
+        from ..krylov import solve as _solve
+        dK = _shifted(dA, dM, sigma)
+        T = _build_pc(dK, pc, comm)
+        inner_rtol = min(1e-2 * tol, 1e-10)
+        n_global = self.n_global
+
+        def Kinv(X):
+            with torch.no_grad():
+                Y, inf = _solve(dK, X.contiguous(), "minres", backend="torch", M=T, rtol=inner_rtol,
+                                maxiter=max(20 * n_global, 1000), raise_on_fail=False, return_info=True)
+            if not inf.converged:
+                raise EigenConvergenceError(
+                    f"eigsh (torch, shift-invert): the inner MINRES solve with A - sigma M failed "
+                    f"({inf.reason} after {inf.iterations} iterations); is sigma={sigma} an eigenvalue?")
+            return Y
+
+        if dM is None:
+            return Kinv, None
+        Bop = self.Bop
+        return (lambda X: Bop(Kinv(Bop(X)))), _mass_solver(dM, tol, rs)
+
+    def solve(self, nev, v0, deflate):
+        t1 = time.perf_counter()
+        dA, dM = self.dA, self.dM
+        n_local = dA.n_local
+        defl = None if deflate is None else (deflate[0], deflate[1])
+        nd = 0 if defl is None else defl[0].shape[1]
+        if self.sigma is None and self.kind == "lobpcg":
+            m = min(max(2 * nev, nev + 4), self.n_global - nd)
+            X0 = start_vectors(n_local, m, row_offset=self.row_offset, row_ids=self.row_ids,
+                               seed=1 + (0 if deflate is None else 17 * nd), dtype=dA.dtype, device=dA.device)
+            X0[:, 0] = v0
+            w, V, inf = lobpcg(self.OP, X0, B=self.Bop, T=self.T, k=nev, largest=(self.which == "LA"),
+                               tol=self.tol, maxiter=self.maxiter, deflate=defl, **self.kw)
+        elif self.sigma is None:
+            ncv = self.ncv if deflate is None else None
+            if ncv is None:
+                ncv = min(self.n_global - nd, max(2 * nev + 1, 20))
+            w, V, inf = lanczos(self.OP, v0, nev, which=self.which, B=self.Bop, B_solve=self.Bs,
+                                tol=self.tol, maxiter=self.maxiter, ncv=ncv, deflate=defl, **self.kw)
+        else:
+            ncv = self.ncv if deflate is None else None
+            if ncv is None:
+                ncv = min(self.n_global - nd, max(2 * nev + 1, 20))
+            theta, V, inf = lanczos(self.OP, v0, nev, which="LM", B=self.Bop, B_solve=self.Bs,
+                                    tol=self.tol, maxiter=self.maxiter, ncv=ncv, deflate=defl, **self.kw)
+            w = self.sigma + 1.0 / theta
+        if deflate is not None:
+            # candidates for the verification: converged pairs, most wanted first
+            ok = torch.tensor([r <= self.tol for r in inf.residual_norms], dtype=torch.bool)
+            order = torch.argsort(_want_key(w, self.which, self.sigma))
+            order = order[ok[order]]
+            w, V = w[order], V[:, order]
+            return w, V, int(ok.sum()), inf.iterations, time.perf_counter() - t1
+        return w, V, inf.converged, inf.iterations, time.perf_counter() - t1
+
+    def close(self):
+        pass

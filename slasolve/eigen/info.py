@@ -34,11 +34,20 @@ class EigenInfo:
         eigenvalues from demanding a residual below rounding level, i.e. a pair
         is converged when ``||r|| <= max(tol*|w|, 100*eps*anorm) * ||B v||``.
     method, backend:
-        e.g. ``"lobpcg"`` / ``"torch"``.
+        What actually ran, e.g. ``"lobpcg"`` / ``"torch"``; for SLEPc the EPS type
+        after ``setFromOptions`` plus the ST type unless it is the plain (zero)
+        shift: ``"krylovschur"``, ``"krylovschur+sinvert"``, ``"lanczos"``.
     setup_time, solve_time:
         Seconds (wall clock, this rank).
     matvecs:
         Number of columns the operator ``A`` was applied to.
+    verified:
+        True when the deflated verification (see :func:`slasolve.eigsh`, Notes)
+        confirmed that the ``k`` eigenvalues are the wanted ones counted with
+        multiplicity.
+    verify_rounds, verify_time:
+        Number of deflated verification solves, and their seconds (included in
+        ``solve_time``).
     """
 
     converged: int
@@ -50,11 +59,14 @@ class EigenInfo:
     setup_time: float = 0.0
     solve_time: float = 0.0
     matvecs: int = 0
+    verified: bool = False
+    verify_rounds: int = 0
+    verify_time: float = 0.0
 
     @property
     def success(self) -> bool:
-        """True when all ``k`` requested pairs converged."""
-        return self.converged >= self.k
+        """True when all ``k`` requested pairs converged and were verified."""
+        return self.converged >= self.k and self.verified
 
 
 class EigenConvergenceError(RuntimeError):

@@ -29,14 +29,14 @@ from typing import Optional
 
 import torch
 
-from ..petsc import PETSc, tensor_to_vec, vec_to_tensor
+from ..petsc import PETSc, vec_to_tensor
 
 try:
     from slepc4py import SLEPc
 except ImportError as e:  # pragma: no cover
     raise ImportError("the 'slepc' backend of eigsh needs slepc4py (apt install python3-slepc4py)") from e
 
-__all__ = ["slepc_eigsh", "SLEPc"]
+__all__ = ["SlepcSession", "configure_eps", "SLEPc"]
 
 _WHICH = {
     "LA": SLEPc.EPS.Which.LARGEST_REAL,
@@ -111,49 +111,107 @@ def configure_eps(eps, *, k, which, sigma, tol, maxiter, ncv, generalized, st_so
         eps.setWhichEigenpairs(_WHICH[which])
 
 
-def slepc_eigsh(dA, dM, k, *, which, sigma, v0, tol, maxiter, ncv=None, options_prefix=None,
-                petsc_options=None, st_solver=None):
-    """Collective. Run SLEPc on the row shards ``dA`` (and ``dM``).
+class SlepcSession:
+    """Collective. One configured EPS for one ``eigsh`` call: the first solve and the
+    deflated verification solves reuse it (same Mats, same ST -- hence the same
+    shift-invert factorisation). Use as a context manager; ``close`` destroys every
+    PETSc object it created.
 
-    Returns ``(w, V, nconv, iterations, setup_time, solve_time, reason)`` where
-    ``w`` / ``V`` hold the first ``min(nconv, k)`` wanted pairs in SLEPc's
-    order (wanted first), ``V`` the owned rows (float64, CPU).
+    ``method``: what actually runs, from the EPS after ``setFromOptions``:
+    ``eps.getType()``, plus ``"+" + st.getType()`` unless the ST is ``shift``
+    with a zero shift (e.g. ``"krylovschur+sinvert"``, ``"lobpcg"``).
     """
-    t0 = time.perf_counter()
-    comm = dA.comm
-    Am, Mm = _mats(dA, dM)
-    eps = SLEPc.EPS().create(comm=comm)
-    try:
-        eps.setOperators(Am, Mm)
+
+    def __init__(self, dA, dM, k, *, which, sigma, tol, maxiter, ncv=None, options_prefix=None,
+                 petsc_options=None, st_solver=None):
+        t0 = time.perf_counter()
+        self.comm = dA.comm
+        self.n_global = int(dA.global_shape[0])
+        self.ncv = ncv
+        self._shared_M = dM is not None and dM._layout is dA._layout
+        self.Am, self.Mm = _mats(dA, dM)
+        self.eps = SLEPc.EPS().create(comm=self.comm)
+        self._vecs = []
+        try:
+            self._configure(dM, k, which, sigma, tol, maxiter, ncv, options_prefix, petsc_options, st_solver)
+        except BaseException:
+            self.close()
+            raise
+        self.setup_time = time.perf_counter() - t0
+
+    def _configure(self, dM, k, which, sigma, tol, maxiter, ncv, options_prefix, petsc_options, st_solver):
+        eps = self.eps
+        eps.setOperators(self.Am, self.Mm)
         configure_eps(eps, k=k, which=which, sigma=sigma, tol=tol, maxiter=maxiter, ncv=ncv,
                       generalized=dM is not None, st_solver=st_solver)
-        x0 = v0.detach().to(device="cpu", dtype=torch.float64).contiguous().clone()
-        vec0 = tensor_to_vec(x0, comm, global_size=dA.global_shape[0])
-        eps.setInitialSpace([vec0])
         if options_prefix:
             eps.setOptionsPrefix(options_prefix)
         with _temporary_options(petsc_options, options_prefix):
             eps.setFromOptions()
-        eps.setUp()
-        t1 = time.perf_counter()
+        st = eps.getST()
+        self.method = str(eps.getType())
+        st_type = str(st.getType())
+        if st_type != "shift" or st.getShift() != 0.0:
+            self.method += "+" + st_type
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def close(self):
+        """Collective. Destroy the EPS and the Vecs/Mats created for this call."""
+        for v in self._vecs:
+            v.destroy()
+        self._vecs = []
+        if self.eps is not None:
+            self.eps.destroy()
+            self.eps = None
+        if self.Mm is not None and self._shared_M:
+            self.Mm.destroy()
+        self.Mm = None
+
+    def _vec(self, x):
+        # a Vec owning its memory: SLEPc keeps references to initial/deflation vectors
+        v = self.Am.createVecs("right")
+        v.getArray()[:] = x.detach().to(device="cpu", dtype=torch.float64).reshape(-1).numpy()
+        self._vecs.append(v)
+        return v
+
+    def solve(self, nev, v0, deflate=None):
+        """Collective. Solve for ``nev`` wanted pairs from start vector ``v0``; with
+        ``deflate`` (a ``(n_local, d)`` block of M-orthonormal eigenvectors) SLEPc
+        works in their (M-)orthogonal complement (``EPSSetDeflationSpace``).
+
+        Returns ``(w, V, nconv, iterations, seconds)``: the first ``min(nconv, nev)``
+        converged pairs, in SLEPc's order (most wanted first), ``V`` float64 CPU.
+        """
+        eps = self.eps
+        t0 = time.perf_counter()
+        if deflate is not None:
+            eps.setDimensions(nev=nev, ncv=self.ncv if self.ncv is not None else PETSc.DECIDE,
+                              mpd=PETSc.DECIDE)
+            eps.setDeflationSpace([self._vec(deflate[:, j]) for j in range(deflate.shape[1])])
+        eps.setInitialSpace([self._vec(v0)])
         eps.solve()
-        t2 = time.perf_counter()
         nconv = eps.getConverged()
         its = eps.getIterationNumber()
-        reason = int(eps.getConvergedReason())
-        m = min(nconv, k)
-        vr = Am.createVecs("right")
+        m = min(nconv, nev)
+        vr = self.Am.createVecs("right")
         ws, cols = [], []
-        for i in range(m):
-            lam = eps.getEigenpair(i, vr)
-            ws.append(float(lam.real))
-            cols.append(vec_to_tensor(vr, copy=True))
-        vr.destroy()
-        vec0.destroy()
-    finally:
-        eps.destroy()
-        if Mm is not None and dM._layout is dA._layout:
-            Mm.destroy()
-    w = torch.tensor(ws, dtype=torch.float64)
-    V = torch.stack(cols, 1) if cols else torch.zeros(dA.n_local, 0, dtype=torch.float64)
-    return w, V, nconv, its, t1 - t0, t2 - t1, reason
+        try:
+            for i in range(m):
+                lam = eps.getEigenpair(i, vr)
+                ws.append(float(lam.real))
+                cols.append(vec_to_tensor(vr, copy=True))
+        finally:
+            vr.destroy()
+        for v in self._vecs:
+            v.destroy()
+        self._vecs = []
+        w = torch.tensor(ws, dtype=torch.float64)
+        n_local = self.Am.getLocalSize()[0]
+        V = torch.stack(cols, 1) if cols else torch.zeros(n_local, 0, dtype=torch.float64)
+        return w, V, int(nconv), int(its), time.perf_counter() - t0

@@ -308,7 +308,7 @@ def _whitened_eigh(H, G, eps):
 # LOBPCG
 # --------------------------------------------------------------------------- #
 def lobpcg(A, X0, *, B=None, T=None, k=None, largest=False, tol=1e-8, maxiter=500,
-           reduce_sum=None, reduce_max=None, row_offset=0, row_ids=None):
+           reduce_sum=None, reduce_max=None, row_offset=0, row_ids=None, deflate=None):
     """Block LOBPCG (Knyazev 2001) for ``A v = w B v``, A symmetric, B SPD.
 
     Collective over ``reduce_sum`` / ``reduce_max`` (see module docstring).
@@ -332,6 +332,11 @@ def lobpcg(A, X0, *, B=None, T=None, k=None, largest=False, tol=1e-8, maxiter=50
     tol, maxiter:
         Relative residual tolerance (module docstring) and maximum number of
         iterations.
+    deflate:
+        Optional ``(Y, BY)``: a B-orthonormal block ``(n_local, d)`` of known
+        eigenvectors and ``B Y``. The iteration runs in the B-orthogonal
+        complement of ``span(Y)`` (every search block is projected), so it
+        returns the wanted end of the remaining spectrum.
 
     Returns
     -------
@@ -366,8 +371,10 @@ def lobpcg(A, X0, *, B=None, T=None, k=None, largest=False, tol=1e-8, maxiter=50
         n_global = _n_global(n_local, dev, rs)
         if k >= n_global:
             raise ValueError(f"k: need k < n_global = {n_global} (use a dense solver), got k={k}")
-        if m > n_global:
-            raise ValueError(f"X0: block size {m} exceeds the problem size {n_global}")
+        nd = 0 if deflate is None else int(deflate[0].shape[1])
+        if m > n_global - nd:
+            raise ValueError(f"X0: block size {m} exceeds the problem size {n_global}"
+                             + (f" minus the {nd} deflated vectors" if nd else ""))
         has_B = B is not None
         nA = [0]
 
@@ -408,7 +415,17 @@ def lobpcg(A, X0, *, B=None, T=None, k=None, largest=False, tol=1e-8, maxiter=50
             BX = BX @ C if has_B else X
             return X, AX, BX, theta
 
-        X, _, _ = _borth(X0, None, None, None, rs, Aop, Bop, eps)
+        Yq = None
+        if nd:
+            Y, BY = deflate
+            Yq = (Y, Aop(Y), BY if has_B else Y)
+
+        def with_y(Q):
+            if Yq is None:
+                return Q
+            return tuple(torch.cat([a, b], 1) for a, b in zip(Yq, Q))
+
+        X, _, _ = _borth(X0, None, None, Yq, rs, Aop, Bop, eps)
         if X.shape[1] < m:
             raise ValueError("X0: starting block is (numerically) rank deficient")
         X, AX, BX, theta = fresh_rr(X)
@@ -433,7 +450,7 @@ def lobpcg(A, X0, *, B=None, T=None, k=None, largest=False, tol=1e-8, maxiter=50
             W = T(Ra) if T is not None else Ra
             if W.shape != Ra.shape:
                 raise ValueError(f"T: returned shape {tuple(W.shape)} for input {tuple(Ra.shape)}")
-            W, _, BW = _borth(W, None, None, (X, AX, BX), rs, Aop, Bop, eps)
+            W, _, BW = _borth(W, None, None, with_y((X, AX, BX)), rs, Aop, Bop, eps)
             AW = Aop(W) if W.shape[1] else W
             blocks = [(X, AX, BX)]
             if W.shape[1]:
@@ -441,7 +458,7 @@ def lobpcg(A, X0, *, B=None, T=None, k=None, largest=False, tol=1e-8, maxiter=50
             if P is not None:
                 Pv, Pa, Pb = (t[:, active] for t in P)
                 Q = tuple(torch.cat([b[i] for b in blocks], 1) for i in range(3))
-                Pv, Pa, Pb = _borth(Pv, Pa, Pb, Q, rs, Aop, Bop, eps)
+                Pv, Pa, Pb = _borth(Pv, Pa, Pb, with_y(Q), rs, Aop, Bop, eps)
                 if Pv.shape[1]:
                     blocks.append((Pv, Pa, Pb))
             if len(blocks) == 1:   # nothing new to search: stagnation
@@ -474,7 +491,7 @@ def lobpcg(A, X0, *, B=None, T=None, k=None, largest=False, tol=1e-8, maxiter=50
 # thick-restart Lanczos
 # --------------------------------------------------------------------------- #
 def lanczos(A, v0, k, *, which="LA", B=None, B_solve=None, tol=1e-10, maxiter=1000, ncv=None,
-            reduce_sum=None, reduce_max=None, row_offset=0, row_ids=None):
+            reduce_sum=None, reduce_max=None, row_offset=0, row_ids=None, deflate=None):
     """Thick-restart Lanczos (Wu & Simon 2000) for extreme eigenvalues of a
     symmetric problem.
 
@@ -502,6 +519,10 @@ def lanczos(A, v0, k, *, which="LA", B=None, B_solve=None, tol=1e-10, maxiter=10
     ncv: basis size (default ``min(n_global, max(2k + 1, 20))``); the
         distributed basis is ``(n_local, ncv + 1)``. At each restart the
         ``k + (ncv - k) // 2`` wanted Ritz vectors are kept.
+    deflate: optional ``(Y, BY)``, a B-orthonormal block of known eigenvectors
+        (of the operator given) and ``B Y``: every basis vector is
+        B-orthogonalised against ``Y`` too (in the same reductions), so the
+        iteration sees only the remaining spectrum.
 
     Returns ``w`` ``(k,)`` ascending, ``V`` ``(n_local, k)`` (B-)orthonormal with
     the sign convention, and :class:`EigenInfo` (``iterations`` = restarts).
@@ -514,11 +535,10 @@ def lanczos(A, v0, k, *, which="LA", B=None, B_solve=None, tol=1e-10, maxiter=10
     Convergence is first judged by the Ritz estimates ``|beta_m s_mj|`` and
     then confirmed with explicitly applied operators on the Ritz vectors.
 
-    Limitation: like every single-vector Krylov method (ARPACK, SLEPc's
-    Krylov-Schur) it may return only one copy of an eigenvalue of exact
-    multiplicity > 1 (the missing copies enter the basis only through
-    rounding); use :func:`lobpcg` with a block larger than the multiplicity
-    for degenerate spectra.
+    Like every single-vector Krylov method (ARPACK, SLEPc's Krylov-Schur) it
+    finds one copy of an eigenvalue of exact multiplicity > 1 (the start vector
+    has one component per eigenspace); :func:`slasolve.eigsh` recovers the
+    other copies by deflated restarts (``deflate``) with new start vectors.
     """
     t0 = time.perf_counter()
     rs = reduce_sum or _identity
@@ -541,9 +561,11 @@ def lanczos(A, v0, k, *, which="LA", B=None, B_solve=None, tol=1e-10, maxiter=10
             raise ValueError(f"k: need 1 <= k < n_global = {n_global}, got {k}")
         if ncv is None:
             ncv = min(n_global, max(2 * k + 1, 20))
-        ncv = int(ncv)
-        if not (k < ncv <= n_global):
-            raise ValueError(f"ncv: need k < ncv <= n_global = {n_global}, got {ncv}")
+        nd = 0 if deflate is None else int(deflate[0].shape[1])
+        ncv = min(int(ncv), n_global - nd) if nd else int(ncv)
+        if not (k < ncv <= n_global - nd):
+            raise ValueError(f"ncv: need k < ncv <= n_global = {n_global}"
+                             + (f" minus {nd} deflated vectors" if nd else "") + f", got {ncv}")
         nkeep = min(ncv - 1, k + (ncv - k) // 2)
         has_B = B is not None
         nA = [0]
@@ -572,6 +594,12 @@ def lanczos(A, v0, k, *, which="LA", B=None, B_solve=None, tol=1e-10, maxiter=10
         V = torch.zeros(n_local, ncv + 1, dtype=dt, device=dev)
         BV = torch.zeros_like(V) if has_B else V
         Tm = torch.zeros(ncv, ncv, dtype=dt, device=dev)
+        if nd:
+            Yd, BYd = deflate[0], (deflate[1] if has_B else deflate[0])
+            for _ in range(2):
+                v0 = v0 - Yd @ rs(BYd.mT @ v0)
+        else:
+            Yd = BYd = V[:, :0]
 
         bv = Bap(v0)
         nrm2 = float(rs((v0 * bv).sum()))
@@ -589,7 +617,8 @@ def lanczos(A, v0, k, *, which="LA", B=None, B_solve=None, tol=1e-10, maxiter=10
             r = start_vectors(n_local, 1, row_offset=row_offset, row_ids=row_ids,
                               seed=7919 + seed, dtype=dt, device=dev)
             for _ in range(2):
-                r = r - V[:, :j + 1] @ rs(BV[:, :j + 1].mT @ r)
+                c = rs(torch.cat([BV[:, :j + 1], BYd], 1).mT @ r)
+                r = r - V[:, :j + 1] @ c[:j + 1] - Yd @ c[j + 1:]
             br = Bap(r)
             rn = float(rs((r * br).sum()))
             if not rn > 0:
@@ -608,12 +637,18 @@ def lanczos(A, v0, k, *, which="LA", B=None, B_solve=None, tol=1e-10, maxiter=10
             for j in range(j0, ncv):
                 w = OP(V[:, j:j + 1])
                 Vj, BVj = V[:, :j + 1], BV[:, :j + 1]
-                h = rs(BVj.mT @ w)
-                _check_finite(h, "the Lanczos coefficients")
+                Qb = torch.cat([BVj, BYd], 1) if nd else BVj
+                hh = rs(Qb.mT @ w)
+                _check_finite(hh, "the Lanczos coefficients")
+                h = hh[:j + 1]
                 w = w - Vj @ h
-                h2 = rs(BVj.mT @ w)
-                w = w - Vj @ h2
-                h = (h + h2)[:, 0]
+                if nd:
+                    w = w - Yd @ hh[j + 1:]
+                hh2 = rs(Qb.mT @ w)
+                w = w - Vj @ hh2[:j + 1]
+                if nd:
+                    w = w - Yd @ hh2[j + 1:]
+                h = (h + hh2[:j + 1])[:, 0]
                 Tm[:j + 1, j] = h
                 Tm[j, :j + 1] = h
                 bw = Bap(w)
