@@ -45,6 +45,9 @@ class SolveInfo:
     filled when the solver was asked to record it, entry 0 being the initial
     residual and entry ``k`` the residual after iteration ``k``.
     ``setup_time``/``solve_time`` are wall-clock seconds.
+    ``method``/``pc`` name what actually ran (after ``petsc_options`` / command-line
+    ``-ksp_type`` / ``-pc_type``): slasolve's name where there is one (``"bicgstab"``),
+    else PETSc's (``"fgmres"``, ``"bjacobi"``); ``pc="callable"`` for a user function.
     """
 
     converged: bool
@@ -58,6 +61,7 @@ class SolveInfo:
     backend: str = ""
     rtol: float = 0.0
     atol: float = 0.0
+    pc: str = ""
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:

@@ -7,24 +7,58 @@ on the *unpreconditioned* residual norm (CG: left preconditioning with
 preconditioned norm: with a preconditioner its ``rtol`` applies to ``||B r||``
 (``SolveInfo.norm`` says which norm was tested).
 
-The KSP is cached on the operator's layout and reused while only the right-hand
-side changes; when the values change, the same Mat is refilled in place and PETSc
-rebuilds the preconditioner on the next solve (it tracks the Mat's state).
+The KSP is cached (see ``solve._solver``) and reused while only the right-hand
+side changes. Nothing a call asks for survives into the next call:
+
+* every per-call setting is set on every call: ``rtol``, ``atol``, ``max_it``
+  (default :func:`~slasolve.krylov.torch_methods.default_maxiter`, as the torch
+  backend), the divergence tolerance (infinite: SciPy has none, so a far-away
+  ``x0`` never stops the solve with ``DIVERGED_DTOL``), the initial-guess flag,
+  the callback and history;
+* ``rtol >= 1`` (refused by PETSc) becomes the absolute tolerance
+  ``max(rtol ||b||, atol)``, SciPy's test; ``b == 0`` returns ``x = 0`` (0
+  iterations, ``CONVERGED_ATOL``) as SciPy does, whatever ``x0``;
+* PETSc's BiCGStab keeps the initial guess of a nonzero-guess solve in the KSP
+  and adds it to every later solution (``KSP_BCGS::guess``); for that family the
+  solve always runs in nonzero-guess mode, with an explicit zero vector when no
+  ``x0`` was given, so the stored guess is overwritten on every call;
+* ``petsc_options`` are in the options database only while this KSP reads them
+  (:func:`slasolve.petsc.temporary_options`); entries of the options database
+  (``petsc_options`` or the command line) for ``ksp_rtol``, ``ksp_atol``,
+  ``ksp_max_it`` and ``ksp_divtol`` take precedence over the keyword arguments,
+  as in PETSc (``setFromOptions`` after the programmatic settings);
+* new values are written into the same Mat (:func:`slasolve.petsc.to_petsc_mat`
+  compares them with what the Mat holds), which changes the Mat's state, and
+  PETSc rebuilds the preconditioner on the next solve. For GAMG slasolve sets
+  ``-pc_gamg_reuse_interpolation false`` (unless the options database says
+  otherwise): PETSc 3.18 otherwise keeps the old prolongators *and* the
+  Chebyshev eigenvalue estimates made for the old matrix, which can give
+  ``DIVERGED_INDEFINITE_PC`` after large value changes (SIMP densities).
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Optional
 
 import torch
 
-from ..petsc import PETSc, set_options, tensor_to_vec
+from ..petsc import PETSc, option_entries, temporary_options
 from .info import REASONS, SolveInfo
+from .torch_methods import default_maxiter
 
-__all__ = ["PetscKrylov", "reason_name"]
+__all__ = ["PetscKrylov", "reason_name", "ksp_method_name"]
 
 _KSP_TYPES = {"cg": "cg", "gmres": "gmres", "minres": "minres", "bicgstab": "bcgs"}
+_FROM_KSP = {v: k for k, v in _KSP_TYPES.items()}
 _SYMMETRIC = {"cg", "minres"}
+# KSP types that keep the last nonzero initial guess and add it to later solutions
+_GUESS_STATE = {"bcgs", "fbcgs", "fbcgsr", "pipebcgs"}
+# option defaults slasolve sets (only where the options database has no entry)
+_DEFAULT_ENTRIES = {"pc_gamg_reuse_interpolation": "false"}
+# options that override the keyword arguments: name -> (getter, key)
+_OVERRIDES = {"ksp_rtol": ("getReal", "rtol"), "ksp_atol": ("getReal", "atol"),
+              "ksp_divtol": ("getReal", "divtol"), "ksp_max_it": ("getInt", "max_it")}
 
 # PETSc's C names (KSP_DIVERGED_ITS, ...); petsc4py spells two of them differently
 _ALIASES = {"DIVERGED_MAX_IT": "DIVERGED_ITS", "DIVERGED_PCSETUP_FAILED": "DIVERGED_PC_FAILED"}
@@ -42,19 +76,25 @@ def reason_name(code: int) -> str:
     return name
 
 
+def ksp_method_name(ksp_type: str) -> str:
+    """Local. slasolve's name of a KSP type (``"bcgs"`` -> ``"bicgstab"``), else PETSc's."""
+    return _FROM_KSP.get(ksp_type, ksp_type)
+
+
+def _pc_entries(name: Optional[str], comm_size: int) -> dict:
+    """Option entries a named preconditioner needs (applied with the call's options)."""
+    if name in ("ilu", "icc") and comm_size > 1:
+        # PETSc's parallel ILU/ICC is block Jacobi with ILU/ICC sub-solves
+        return {"sub_pc_type": name}
+    return {}
+
+
 def _configure_pc(pc, name: Optional[str], comm_size: int) -> None:
     name = "none" if name is None else name
-    if name in ("none", "jacobi", "asm", "gamg"):
+    if name in ("none", "jacobi", "asm", "gamg", "bjacobi"):
         pc.setType(name)
-    elif name == "bjacobi":
-        pc.setType("bjacobi")
     elif name in ("ilu", "icc"):
-        if comm_size == 1:
-            pc.setType(name)
-        else:  # PETSc's parallel ILU/ICC is block Jacobi with ILU/ICC sub-solves
-            pc.setType("bjacobi")
-            opts = PETSc.Options(pc.getOptionsPrefix())
-            opts["sub_pc_type"] = name
+        pc.setType(name if comm_size == 1 else "bjacobi")
     elif name == "hypre":
         pc.setType("hypre")
         pc.setHYPREType("boomeramg")
@@ -67,7 +107,7 @@ def _configure_pc(pc, name: Optional[str], comm_size: int) -> None:
 
 
 class _PyPC:
-    """A user callable ``z = fn(r)`` as a PETSc ``python`` PC."""
+    """A user callable ``z = fn(r)`` as a PETSc ``python`` PC (``fn`` is replaced per call)."""
 
     def __init__(self, fn, n_local, dtype):
         self.fn, self.n, self.dtype = fn, n_local, dtype
@@ -80,8 +120,34 @@ class _PyPC:
     applyTranspose = apply
 
 
+class _Monitor:
+    """KSP monitor state. Holds no reference to the solver (the KSP keeps the monitor
+    alive from C, which Python's garbage collector cannot see through)."""
+
+    def __init__(self):
+        self.history = None
+        self.callback = None
+
+    def __call__(self, ksp, its, rnorm):
+        if self.history is not None:
+            self.history.append(float(rnorm))
+        if self.callback is not None and its > 0:
+            self.callback(int(its), float(rnorm))
+
+
+def _vec(t: torch.Tensor, n_global: int, comm):
+    """A Vec over the owned rows ``t`` (float64 CPU contiguous), global size known."""
+    arr = t.numpy()
+    return PETSc.Vec().createWithArray(arr, size=(arr.shape[0], n_global), comm=comm)
+
+
 class PetscKrylov:
-    """Collective (constructor). A cached KSP for one operator layout and method."""
+    """Collective (constructor). A cached KSP for one operator layout and method.
+
+    Configuration errors (unknown ``ksp_type`` in the options, a preconditioner PETSc
+    cannot set up) raise ``ValueError`` from the constructor, which the caller combines
+    across ranks.
+    """
 
     backend = "petsc"
 
@@ -91,12 +157,25 @@ class PetscKrylov:
             raise ValueError(f"method must be one of {sorted(_KSP_TYPES)}, got {method!r}")
         self.method = method
         self.comm = dA.comm
-        self._dA = dA
+        self.n_global = dA.global_shape[0] * (dA.local.block_shape[0] if dA.local.is_block else 1)
         t0 = time.perf_counter()
         # block tensors go to KSP as AIJ with the block size set: every PC accepts
         # that (GAMG and hypre do not take BAIJ in PETSc 3.18)
         mat = dA.to_petsc(mat_type="aij")
         ksp = PETSc.KSP().create(comm=self.comm)
+        self.ksp, self._ksp_T, self._matT = ksp, None, None
+        self._monitor = _Monitor()
+        self._pyctx = None
+        try:
+            self._configure(ksp, mat, dA, method, pc, restart, options_prefix, petsc_options)
+        except PETSc.Error as e:
+            ksp.destroy()
+            raise ValueError(f"PETSc rejected the solver configuration (method={method!r}, pc={pc!r}, "
+                             f"petsc_options={petsc_options!r}, options_prefix={options_prefix!r}): "
+                             f"{_petsc_message(e)}") from None
+        self.setup_time = time.perf_counter() - t0
+
+    def _configure(self, ksp, mat, dA, method, pc, restart, options_prefix, petsc_options):
         ksp.setOperators(mat)
         ksp.setType(_KSP_TYPES[method])
         if options_prefix:
@@ -106,102 +185,155 @@ class PetscKrylov:
         pcobj = ksp.getPC()
         if callable(pc):
             pcobj.setType("python")
-            pcobj.setPythonContext(_PyPC(pc, dA.n_local, dA.dtype))
+            self._pyctx = _PyPC(pc, dA.n_local, dA.dtype)
+            pcobj.setPythonContext(self._pyctx)
         else:
             _configure_pc(pcobj, pc, self.comm.Get_size())
         if method in ("gmres", "bicgstab"):
             ksp.setPCSide(PETSc.PC.Side.RIGHT)
         if method != "minres":
             ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)
-        self.norm = "unpreconditioned" if method != "minres" or pc in (None, "none") else "preconditioned"
-        set_options(petsc_options, options_prefix)
-        ksp.setFromOptions()
-        self.ksp = ksp
-        self.setup_time = time.perf_counter() - t0
-        self._ksp_T = None
-        self._history = None
-        self._callback = None
         ksp.setMonitor(self._monitor)
+        self._entries = self._option_entries(pc if isinstance(pc, str) else None, options_prefix,
+                                             petsc_options)
+        self._prefix = options_prefix
+        with temporary_options(self._entries, options_prefix):
+            ksp.setFromOptions()
+            self._overrides = _read_overrides(options_prefix)
+        ksp.setUp()  # configuration errors surface here, inside the collective check
+        self.ksp_type = ksp.getType()
+        self.pc_type = ksp.getPC().getType()
+        self.norm = ("preconditioned" if ksp.getNormType() == PETSc.KSP.NormType.PRECONDITIONED
+                     and self.pc_type != "none" else "unpreconditioned")
 
-    def _monitor(self, ksp, its, rnorm):
-        if self._history is not None:
-            self._history.append(float(rnorm))
-        if self._callback is not None and its > 0:
-            self._callback(int(its), float(rnorm))
+    def _option_entries(self, pc_name, prefix, petsc_options) -> dict:
+        user = option_entries(petsc_options)
+        db = PETSc.Options(prefix)
+        entries = {k: v for k, v in {**_DEFAULT_ENTRIES, **_pc_entries(pc_name, self.comm.Get_size())}.items()
+                   if not db.hasName(k)}
+        entries.update(user)
+        return entries
 
-    def _run(self, ksp, b: torch.Tensor, x0: Optional[torch.Tensor], transpose: bool, *, rtol, atol,
+    def set_callable(self, fn) -> None:
+        """Local. Use ``fn`` as the (python) preconditioner from now on."""
+        if self._pyctx is not None:
+            self._pyctx.fn = fn
+
+    def _run(self, ksp, dA, b: torch.Tensor, x0: Optional[torch.Tensor], transpose: bool, *, rtol, atol,
              maxiter, callback, record_history, reset_operators: bool = True) -> tuple:
         if reset_operators:
-            ksp.setOperators(self._dA.to_petsc(mat_type="aij"))  # the Mat is refilled in place when values changed
-        kw = {"rtol": rtol, "atol": atol}
-        if maxiter is not None:
-            kw["max_it"] = int(maxiter)
-        ksp.setTolerances(**kw)
+            ksp.setOperators(dA.to_petsc(mat_type="aij"))  # refilled in place when the values changed
+        bb = b.detach().to(device="cpu", dtype=torch.float64).contiguous()
+        B = _vec(bb, self.n_global, self.comm)
+        bnorm = B.norm()
+        if bnorm == 0.0:  # SciPy: x = 0 whatever x0
+            B.destroy()
+            return torch.zeros_like(b), self._info("CONVERGED_ATOL", 0, 0.0, [0.0] if record_history else None,
+                                                   0.0, 0.0, rtol, atol)
+        ov = self._overrides
+        r, a = ov.get("rtol", rtol), ov.get("atol", atol)
+        absolute = r >= 1.0  # PETSc requires rtol < 1; SciPy's test is max(rtol ||b||, atol)
+        if absolute:
+            r, a = 0.0, max(r * bnorm, a)
+        ksp.setTolerances(rtol=r, atol=a, divtol=ov.get("divtol", math.inf),
+                          max_it=ov.get("max_it", default_maxiter(self.n_global) if maxiter is None
+                                        else int(maxiter)))
         x = torch.zeros(b.shape[0], dtype=torch.float64) if x0 is None else \
             x0.detach().to(device="cpu", dtype=torch.float64).clone()
-        ksp.setInitialGuessNonzero(x0 is not None)
-        B = tensor_to_vec(b, self.comm)
-        X = tensor_to_vec(x, self.comm)
-        self._history = [] if record_history else None
-        self._callback = callback
-        t0 = time.perf_counter()
-        ksp.setUp()
-        t1 = time.perf_counter()
-        if transpose:
-            ksp.solveTranspose(B, X)
-        else:
-            ksp.solve(B, X)
-        t2 = time.perf_counter()
-        B.destroy(), X.destroy()
+        ksp.setInitialGuessNonzero(x0 is not None or ksp.getType() in _GUESS_STATE)
+        X = _vec(x, self.n_global, self.comm)
+        mon = self._monitor
+        mon.history = [] if record_history else None
+        mon.callback = callback
+        try:
+            t0 = time.perf_counter()
+            ksp.setUp()
+            t1 = time.perf_counter()
+            if transpose:
+                ksp.solveTranspose(B, X)
+            else:
+                ksp.solve(B, X)
+            t2 = time.perf_counter()
+            history = mon.history
+        finally:
+            mon.history = mon.callback = None
+            B.destroy(), X.destroy()
         reason = reason_name(ksp.getConvergedReason())
-        info = SolveInfo(converged=reason.startswith("CONVERGED") and reason != "CONVERGED_ITERATING",
-                         reason=reason, iterations=int(ksp.getIterationNumber()),
-                         residual_norm=float(ksp.getResidualNorm()), residual_history=self._history,
-                         setup_time=t1 - t0, solve_time=t2 - t1, method=self.method, backend="petsc",
-                         rtol=rtol, atol=atol)
-        self._history = self._callback = None
+        rnorm = float(ksp.getResidualNorm())
+        if absolute and reason == "CONVERGED_ATOL" and not (atol > 0 and rnorm <= atol):
+            reason = "CONVERGED_RTOL"
+        info = self._info(reason, int(ksp.getIterationNumber()), rnorm, history, t1 - t0, t2 - t1, rtol, atol,
+                          ksp)
         return x.to(device=b.device, dtype=b.dtype), info
+
+    def _info(self, reason, its, rnorm, history, setup, solve, rtol, atol, ksp=None):
+        ksp = self.ksp if ksp is None else ksp
+        return SolveInfo(converged=reason.startswith("CONVERGED") and reason != "CONVERGED_ITERATING",
+                         reason=reason, iterations=its, residual_norm=rnorm, residual_history=history,
+                         setup_time=setup, solve_time=solve, method=ksp_method_name(self.ksp_type),
+                         backend="petsc", rtol=rtol, atol=atol,
+                         pc="callable" if self.pc_type == "python" else self.pc_type)
 
     def solve(self, dA, b, x0=None, **kw):
         """Collective. Solve ``A x = b`` for one right-hand side ``(n_local,)``.
 
         ``dA`` shares this solver's layout; its values are written into the cached
-        Mat (in place) when they differ from the last solve's.
+        Mat (in place) when they differ from the values the Mat holds.
         """
-        self._dA = dA
-        return self._run(self.ksp, b, x0, False, **kw)
+        return self._run(self.ksp, dA, b, x0, False, **kw)
 
     def solve_transpose(self, dA, b, **kw):
         """Collective. Solve ``A^T x = b`` reusing the operator and preconditioner.
 
         CG and MINRES use the same KSP (``A`` is symmetric). GMRES/BiCGStab use
         ``KSPSolveTranspose``; preconditioners without a transpose apply (hypre)
-        get a second KSP on the explicit transpose, built once and cached.
+        get a second KSP on the explicit transpose, rebuilt when the values change.
         """
-        self._dA = dA
         if self.method in _SYMMETRIC:
-            return self._run(self.ksp, b, None, False, **kw)
-        if self._ksp_T is None and self.ksp.getPC().getType() not in ("hypre", "python"):
+            return self._run(self.ksp, dA, b, None, False, **kw)
+        if self._ksp_T is None and self.pc_type not in ("hypre", "python"):
             try:
-                return self._run(self.ksp, b, None, True, **kw)
+                return self._run(self.ksp, dA, b, None, True, **kw)
             except PETSc.Error:
                 pass
         if self._ksp_T is None:
             kspT = PETSc.KSP().create(comm=self.comm)
             kspT.setType(self.ksp.getType())
-            kspT.setOptionsPrefix(self.ksp.getOptionsPrefix())
-            kspT.getPC().setType(self.ksp.getPC().getType())
-            if self.ksp.getPC().getType() == "hypre":
-                kspT.getPC().setHYPREType("boomeramg")
+            if self._prefix:
+                kspT.setOptionsPrefix(self._prefix)
+            kspT.getPC().setType(self.pc_type)
+            if self.pc_type == "python":
+                kspT.getPC().setPythonContext(self._pyctx)
             kspT.setPCSide(self.ksp.getPCSide())
             kspT.setNormType(self.ksp.getNormType())
             kspT.setMonitor(self._monitor)
+            with temporary_options(self._entries, self._prefix):
+                kspT.setFromOptions()
             self._ksp_T = kspT
             self._ksp_T_state = None
-        mat = self._dA.to_petsc(mat_type="aij")
-        state = mat.stateGet() if hasattr(mat, "stateGet") else None
+        mat = dA.to_petsc(mat_type="aij")
+        state = mat.stateGet()
         if self._ksp_T_state is None or state != self._ksp_T_state:
+            if self._matT is not None:
+                self._matT.destroy()
             self._matT = mat.transpose()
             self._ksp_T.setOperators(self._matT)
             self._ksp_T_state = state
-        return self._run(self._ksp_T, b, None, False, reset_operators=False, **kw)
+        return self._run(self._ksp_T, dA, b, None, False, reset_operators=False, **kw)
+
+    def destroy(self) -> None:
+        """Collective. Destroy the KSPs (after this the solver is unusable)."""
+        for obj in (self.ksp, self._ksp_T, self._matT):
+            if obj is not None:
+                obj.destroy()
+        self.ksp = self._ksp_T = self._matT = None
+
+
+def _read_overrides(prefix) -> dict:
+    db = PETSc.Options(prefix)
+    return {key: getattr(db, getter)(name) for name, (getter, key) in _OVERRIDES.items() if db.hasName(name)}
+
+
+def _petsc_message(e) -> str:
+    msg = str(e).strip().splitlines()
+    return msg[0] if msg else repr(e)

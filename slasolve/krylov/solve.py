@@ -7,9 +7,12 @@ solver (and preconditioner), then ``dL/db = lam`` and
 """
 from __future__ import annotations
 
+from collections import OrderedDict
+from numbers import Integral, Real
 from typing import Callable, Optional, Tuple, Union
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .._comm import check_collective
 from ..autograd import matvec_value_grad
@@ -32,14 +35,35 @@ def default_backend() -> str:
         return "torch"
 
 
+#: KSPs / native solvers kept per operator layout (least recently used evicted first)
+SOLVER_CACHE_SIZE = 8
+
+
+def _pc_key(pc):
+    return "callable" if callable(pc) else pc
+
+
 def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options):
+    """Collective. The cached solver for these settings on ``dA``'s layout.
+
+    The cache is a small LRU (``SOLVER_CACHE_SIZE``): every argument in the key agrees
+    across ranks (checked by ``solve``), so every rank hits, misses and evicts at the
+    same call. Evicted solvers are dropped, not destroyed (an autograd graph may still
+    hold one for its backward); PETSc destroys them at the next
+    ``PETSc.garbage_cleanup``, which runs (collectively) whenever a solver is created.
+    A user callable preconditioner is keyed as ``"callable"`` and swapped in per call.
+    """
     L = dA._layout
-    cache = L.__dict__.setdefault("solver_cache", {})
-    opts_key = tuple(sorted((str(k), str(v)) for k, v in (petsc_options or {}).items()))
-    key = (backend, method, pc if isinstance(pc, (str, type(None))) else id(pc), restart,
-           options_prefix, opts_key)
-    if key not in cache:
-        err, solver = None, None
+    cache = L.__dict__.get("solver_cache")
+    if not isinstance(cache, OrderedDict):
+        cache = L.__dict__["solver_cache"] = OrderedDict()
+    opts_key = tuple(sorted((str(k), repr(v)) for k, v in (petsc_options or {}).items()))
+    key = (backend, method, _pc_key(pc), int(restart), options_prefix, opts_key)
+    solver = cache.get(key)
+    if solver is None:
+        err = None
+        if backend == "petsc":
+            _garbage_cleanup(dA.comm)
         try:
             if backend == "petsc":
                 from .petsc_backend import PetscKrylov
@@ -52,7 +76,22 @@ def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options):
             err = e
         check_collective(dA.comm, err)
         cache[key] = solver
-    return cache[key]
+        while len(cache) > SOLVER_CACHE_SIZE:
+            cache.popitem(last=False)
+    else:
+        cache.move_to_end(key)
+    if callable(pc):
+        solver.set_callable(pc)
+    return solver
+
+
+def _garbage_cleanup(comm) -> None:
+    """Collective. Destroy PETSc objects whose Python owners are gone (petsc4py >= 3.18
+    defers destroying parallel objects to this collective point)."""
+    from ..petsc import PETSc
+    cleanup = getattr(PETSc, "garbage_cleanup", None)
+    if cleanup is not None:
+        cleanup(comm)
 
 
 def _raise_if_failed(info: SolveInfo, raise_on_fail: bool, what: str = "") -> None:
@@ -72,7 +111,8 @@ def _merge(infos):
                     iterations=max(i.iterations for i in infos),
                     residual_norm=max(i.residual_norm for i in infos),
                     setup_time=sum(i.setup_time for i in infos), solve_time=sum(i.solve_time for i in infos),
-                    method=worst.method, backend=worst.backend, rtol=worst.rtol, atol=worst.atol)
+                    method=worst.method, backend=worst.backend, rtol=worst.rtol, atol=worst.atol,
+                    pc=worst.pc)
     out.per_rhs = infos
     return out
 
@@ -92,7 +132,7 @@ def _columns(solve_one, b, x0):
 class _AdjointSolve(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values, b, dA, solver, opts, x0, out):
-        kw = {k: v for k, v in opts.items() if k != "raise_on_fail"}
+        kw = {k: v for k, v in opts.items() if k not in ("raise_on_fail", "pc_fn")}
         x, info = _columns(lambda bj, x0j: solver.solve(dA, bj, x0j, **kw), b, x0)
         out["info"] = info
         _raise_if_failed(info, opts["raise_on_fail"])
@@ -101,9 +141,14 @@ class _AdjointSolve(torch.autograd.Function):
         return x
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g):
+        # once differentiable: the adjoint solve is not itself recorded, so a second
+        # derivative (create_graph=True) raises instead of silently missing terms
         (x,) = ctx.saved_tensors
-        kw = {k: v for k, v in ctx.opts.items() if k != "raise_on_fail"}
+        if ctx.opts.get("pc_fn") is not None:  # the cached solver may have another callable now
+            ctx.solver.set_callable(ctx.opts["pc_fn"])
+        kw = {k: v for k, v in ctx.opts.items() if k not in ("raise_on_fail", "pc_fn")}
         kw.update(callback=None, record_history=False)
         lam, info = _columns(lambda gj, _: ctx.solver.solve_transpose(ctx.dA, gj.contiguous(), **kw),
                              g.contiguous(), None)
@@ -113,20 +158,116 @@ class _AdjointSolve(torch.autograd.Function):
         return gv, gb, None, None, None, None, None
 
 
-def _validate_rhs(dA, b, x0):
-    err = None
+def _is_int(v) -> bool:
+    return isinstance(v, Integral) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, Real) and not isinstance(v, bool) or \
+        (isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_complex())
+
+
+def _check_settings(method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options, options_prefix):
+    """Local. The first problem with the scalar settings, or None."""
+    if method not in _METHODS:
+        return ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    if backend not in ("petsc", "torch"):
+        return ValueError(f"backend must be 'petsc' or 'torch', got {backend!r}")
+    if M is not None and pc is not None:
+        return ValueError("give the preconditioner as pc or as M, not both")
+    p = M if M is not None else pc
+    if p is not None and not callable(p) and not isinstance(p, str):
+        return TypeError(f"pc must be a name, a callable or None, got {type(p).__name__}")
+    for name, v in (("rtol", rtol), ("atol", atol)):
+        if not _is_real(v):
+            return TypeError(f"{name} must be a real number, got {type(v).__name__}")
+        if not float(v) >= 0:
+            return ValueError(f"{name} must be >= 0, got {v}")
+    if maxiter is not None and not _is_int(maxiter):
+        return TypeError(f"maxiter must be an int or None, got {type(maxiter).__name__}")
+    if maxiter is not None and maxiter < 0:
+        return ValueError(f"maxiter must be >= 0 (or None for the default), got {maxiter}")
+    if not _is_int(restart) or restart <= 0:
+        return ValueError(f"restart must be a positive int, got {restart!r}")
+    if petsc_options is not None and not isinstance(petsc_options, dict):
+        return TypeError(f"petsc_options must be a dict or None, got {type(petsc_options).__name__}")
+    if options_prefix is not None and not isinstance(options_prefix, str):
+        return TypeError(f"options_prefix must be a str or None, got {type(options_prefix).__name__}")
+    return None
+
+
+def _check_operator(dA):
+    """Local. The first problem with the operator, or None."""
+    if dA.dtype.is_complex:
+        return TypeError(f"complex matrices are not supported (A has dtype {dA.dtype}); solve the "
+                         "equivalent real system of twice the size")
+    if not dA.dtype.is_floating_point:
+        return TypeError(f"A must have a real floating dtype, got {dA.dtype}")
+    L = dA._layout
+    shape = tuple(dA.global_shape[:2])
+    if shape[0] != shape[1] or L.br != L.bc:
+        return ValueError(f"A must be square, got global shape {tuple(dA.global_shape)}")
+    if (L.rstart, L.rend) != (L.cstart, L.cend):
+        return ValueError(f"A's owned rows [{L.rstart}, {L.rend}) and owned columns [{L.cstart}, {L.cend}) "
+                          "differ on this rank; solvers need the same row and column ownership")
+    return None
+
+
+def _check_rhs(dA, b, x0):
+    """Local. The first problem with ``b`` / ``x0``, or None."""
     n = dA.n_local
     if not isinstance(b, torch.Tensor):
-        err = TypeError(f"b must be a torch.Tensor of this rank's owned rows, got {type(b).__name__}")
-    elif b.dim() not in (1, 2) or b.shape[0] != n:
-        err = ValueError(f"b must have shape ({n},) or ({n}, k) (this rank's owned rows), "
-                         f"got {tuple(b.shape)}")
-    elif b.dtype != dA.dtype:
-        err = TypeError(f"b has dtype {b.dtype}, the matrix {dA.dtype}")
-    elif x0 is not None and (not isinstance(x0, torch.Tensor) or x0.shape != b.shape):
-        err = ValueError(f"x0 must be a tensor shaped like b {tuple(b.shape)}, got "
-                         f"{tuple(x0.shape) if isinstance(x0, torch.Tensor) else type(x0).__name__}")
-    check_collective(dA.comm, err)
+        return TypeError(f"b must be a torch.Tensor of this rank's owned rows, got {type(b).__name__}")
+    if b.is_complex():
+        return TypeError(f"complex right-hand sides are not supported (b has dtype {b.dtype}); "
+                         "solve the real and imaginary parts separately")
+    if b.dim() not in (1, 2) or b.shape[0] != n:
+        return ValueError(f"b must have shape ({n},) or ({n}, k) (this rank's owned rows), "
+                          f"got {tuple(b.shape)}")
+    if b.dim() == 2 and b.shape[1] == 0:
+        return ValueError("b has no columns (shape (n, 0)): nothing to solve")
+    if b.dtype != dA.dtype:
+        return TypeError(f"b has dtype {b.dtype}, the matrix {dA.dtype}")
+    if x0 is not None:
+        if not isinstance(x0, torch.Tensor) or x0.shape != b.shape:
+            return ValueError(f"x0 must be a tensor shaped like b {tuple(b.shape)}, got "
+                              f"{tuple(x0.shape) if isinstance(x0, torch.Tensor) else type(x0).__name__}")
+        if x0.is_complex():
+            return TypeError(f"complex x0 is not supported (dtype {x0.dtype})")
+    return None
+
+
+def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options,
+              options_prefix, return_info, raise_on_fail):
+    """Collective. Normalise ``A`` and check every argument with ONE check_collective,
+    whose ``agree`` part makes every rank raise when the settings differ between ranks."""
+    from mpi4py import MPI
+    from ..dsparse import DSparseTensor
+    dA, err = None, None
+    try:
+        dA = as_row_shard(A)
+    except (TypeError, ValueError) as e:
+        err = e
+    comm = A.comm if isinstance(A, DSparseTensor) else (dA.comm if dA is not None else MPI.COMM_SELF)
+    err = err or _check_settings(method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options,
+                                 options_prefix)
+    if err is None:
+        err = _check_operator(dA) or _check_rhs(dA, b, x0)
+    p = M if M is not None else pc
+    agree = {"method": method, "backend": backend,
+             "pc": "callable" if callable(p) else p,
+             "rtol": float(rtol) if _is_real(rtol) else repr(rtol),
+             "atol": float(atol) if _is_real(atol) else repr(atol),
+             "maxiter": maxiter, "restart": restart,
+             "b columns": (b.shape[1] if b.dim() == 2 else None) if isinstance(b, torch.Tensor) else None,
+             "x0 given": x0 is not None,
+             "dtype": str(b.dtype) if isinstance(b, torch.Tensor) else None,
+             "return_info": bool(return_info), "raise_on_fail": bool(raise_on_fail),
+             "options_prefix": options_prefix,
+             "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
+             if isinstance(petsc_options, dict) else repr(petsc_options)}
+    check_collective(comm, err, agree=agree)
+    return dA
 
 
 def _progress_callback(comm, every: int, user_cb):
@@ -158,7 +299,14 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         Default ``"petsc"`` when petsc4py imports.
     rtol, atol, maxiter, x0
         As in SciPy: stop when ``||b - A x|| <= max(rtol ||b||, atol)`` (unpreconditioned
-        residual; see the backend modules for MINRES with a preconditioner).
+        residual; see the backend modules for MINRES with a preconditioner). ``rtol >= 1``
+        is allowed; ``b == 0`` returns zeros (0 iterations) whatever ``x0``; there is no
+        divergence test (a far-away ``x0`` is fine). ``maxiter`` counts Krylov iterations
+        (PETSc's count; for GMRES inner iterations, not restart cycles); ``None`` means
+        ``min(10 n, 10000)`` for ``n`` global unknowns on both backends; ``0`` only tests
+        the initial guess. With the petsc backend, ``-ksp_rtol``, ``-ksp_atol``,
+        ``-ksp_max_it``, ``-ksp_divtol`` in the options database (``petsc_options`` or the
+        command line) take precedence, as in PETSc.
     pc, M
         Preconditioner name (``none, jacobi, bjacobi, ilu, icc, asm, gamg, hypre, lu,
         cholesky``; the torch backend has ``none, jacobi, bjacobi, ilu, icc``) or a callable
@@ -170,7 +318,9 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         ``raise_on_fail=False``; ``return_info=True`` returns ``(x, SolveInfo)``.
     petsc_options, options_prefix
         Entries for the PETSc options database (``{"ksp_monitor": None}``) under the
-        prefix; command-line ``-ksp_*`` / ``-pc_*`` options apply too.
+        prefix, present only while this solve's KSP is configured (they never reach a
+        later call); command-line ``-ksp_*`` / ``-pc_*`` options apply too. A bad entry
+        (unknown ``ksp_type``, ...) raises ``ValueError`` on every rank.
     record_history : bool
         Fill ``SolveInfo.residual_history``.
     progress : bool or int
@@ -179,6 +329,17 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
     Returns
     -------
     x : torch.Tensor, the owned rows of the solution (and a SolveInfo with ``return_info``).
+
+    Notes
+    -----
+    Every argument that must agree across ranks (method, backend, pc, tolerances,
+    maxiter, restart, the number of columns of ``b``, whether ``x0`` is given, dtype,
+    return_info/raise_on_fail, options) is checked in one reduction; a difference, or a
+    bad argument on any rank, raises on every rank. Complex ``A``/``b`` and ``b`` with
+    zero columns raise. The result depends only on the arguments and the values ``A``
+    holds at call time: cached solvers and PETSc Mats never carry state between calls.
+    ``x`` is differentiable once (the backward's adjoint solve is not differentiated
+    again: ``create_graph=True`` raises).
     """
     if isinstance(A, SparseTensor) and A.batch_shape:
         return _solve_batched(A, b, method, x0=x0, return_info=return_info, backend=backend, rtol=rtol,
@@ -186,21 +347,17 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
                               raise_on_fail=raise_on_fail, petsc_options=petsc_options,
                               options_prefix=options_prefix, record_history=record_history,
                               progress=progress)
-    dA = as_row_shard(A)
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    if M is not None and pc is not None:
-        raise ValueError("give the preconditioner as pc or as M, not both")
-    pc = M if M is not None else pc
     backend = default_backend() if backend is None else backend
-    if backend not in ("petsc", "torch"):
-        raise ValueError(f"backend must be 'petsc' or 'torch', got {backend!r}")
-    _validate_rhs(dA, b, x0)
+    dA = _validate(A, b, x0, method=method, backend=backend, pc=pc, M=M, rtol=rtol, atol=atol,
+                   maxiter=maxiter, restart=restart, petsc_options=petsc_options,
+                   options_prefix=options_prefix, return_info=return_info, raise_on_fail=raise_on_fail)
+    pc = M if M is not None else pc
     if progress:
         callback = _progress_callback(dA.comm, 10 if progress is True else int(progress), callback)
     solver = _solver(dA, method, backend, pc, restart, options_prefix, petsc_options)
-    opts = dict(rtol=float(rtol), atol=float(atol), maxiter=maxiter, callback=callback,
-                record_history=record_history, raise_on_fail=raise_on_fail)
+    opts = dict(rtol=float(rtol), atol=float(atol), maxiter=None if maxiter is None else int(maxiter),
+                callback=callback, record_history=record_history, raise_on_fail=raise_on_fail,
+                pc_fn=pc if callable(pc) else None)
     out: dict = {}
     x = _AdjointSolve.apply(dA.values, b, dA, solver, opts, x0, out)
     info = out["info"]

@@ -41,49 +41,67 @@ def _build_pc(dA, pc, transpose: bool):
                      "ilu, icc or a callable (or backend='petsc' for gamg, hypre, asm, lu)")
 
 
+_PC_NAMES = (None, "none", "jacobi", "bjacobi", "ilu", "icc")
+
+
 class TorchKrylov:
-    """Collective (constructor). Native Krylov solves for one operator and method."""
+    """Collective (constructor). Native Krylov solves for one operator and method.
+
+    The preconditioner is rebuilt whenever the matrix values differ from the values it
+    was built from (compared with ``torch.equal`` against a private copy, so writes
+    that do not bump the tensor's version, ``.data`` or NumPy views, are seen too).
+    """
 
     backend = "torch"
 
     def __init__(self, dA, method: str, pc, *, restart: int = 30, **_ignored):
         if method not in _METHODS:
             raise ValueError(f"method must be one of {sorted(_METHODS)}, got {method!r}")
+        if not callable(pc) and pc not in _PC_NAMES:
+            raise ValueError(f"pc {pc!r} is not available in the torch backend; use none, jacobi, bjacobi, "
+                             "ilu, icc or a callable (or backend='petsc' for gamg, hypre, asm, lu)")
         self.method = method
         self.comm = dA.comm
-        self._dA = dA
         self._pc_spec = pc
         self._restart = int(restart)
         self._pcs = {}
-        self._stamp = None
+        self._snapshot = None
         self.norm = "unpreconditioned"
         self.setup_time = 0.0
 
-    def _pc(self, transpose: bool):
-        vals = self._dA.values
-        stamp = (id(vals), vals._version)
-        if stamp != self._stamp:
+    def set_callable(self, fn) -> None:
+        """Local. Use ``fn`` as the preconditioner from now on."""
+        if fn is not self._pc_spec:
+            self._pc_spec = fn
             self._pcs.clear()
-            self._stamp = stamp
+
+    def _pc(self, dA, transpose: bool):
+        """Collective. The preconditioner for ``dA``'s current values (one check_collective)."""
+        vals = dA.values.detach()
+        snap = self._snapshot
+        if snap is None or snap.shape != vals.shape or snap.dtype != vals.dtype or \
+                snap.device != vals.device or not torch.equal(snap, vals):
+            self._pcs.clear()
+            self._snapshot = vals.clone()
         key = transpose and self.method not in _SYMMETRIC
+        err = None
         if key not in self._pcs:
             t0 = time.perf_counter()
-            err, pc = None, None
             try:
-                pc = _build_pc(self._dA, self._pc_spec, key)
+                self._pcs[key] = _build_pc(dA, self._pc_spec, key)
             except (ValueError, TypeError) as e:
                 err = e
-            check_collective(self.comm, err)
-            self._pcs[key] = pc
+                self._snapshot = None
             self.setup_time = time.perf_counter() - t0
+        # the rebuild decision is per rank (each rank's own rows), so the check is unconditional
+        check_collective(self.comm, err)
         return self._pcs[key]
 
-    def _run(self, b, x0, transpose, *, rtol, atol, maxiter, callback, record_history):
-        dA = self._dA
+    def _run(self, dA, b, x0, transpose, *, rtol, atol, maxiter, callback, record_history):
         comm = self.comm
         op = dA.rmatvec if transpose and self.method not in _SYMMETRIC else dA.matvec
         t0 = time.perf_counter()
-        M = self._pc(transpose)
+        M = self._pc(dA, transpose)
         t1 = time.perf_counter()
         kw = dict(x0=x0, rtol=rtol, atol=atol, maxiter=maxiter, M=M,
                   reduce_sum=lambda t: allreduce_sum(comm, t), callback=callback,
@@ -94,14 +112,18 @@ class TorchKrylov:
             x, info = _METHODS[self.method](op, b.detach(), **kw)
         info.setup_time, info.solve_time = t1 - t0, time.perf_counter() - t1
         info.backend = "torch"
+        spec = self._pc_spec
+        info.pc = "callable" if callable(spec) else ("none" if spec is None else spec)
         return x, info
 
     def solve(self, dA, b, x0=None, **kw):
         """Collective. Solve ``A x = b`` for one right-hand side (``dA`` shares the layout)."""
-        self._dA = dA
-        return self._run(b, x0, False, **kw)
+        return self._run(dA, b, x0, False, **kw)
 
     def solve_transpose(self, dA, b, **kw):
         """Collective. Solve ``A^T x = b`` (``A^T`` products by reverse halo exchange)."""
-        self._dA = dA
-        return self._run(b, None, True, **kw)
+        return self._run(dA, b, None, True, **kw)
+
+    def destroy(self) -> None:
+        """Local. Drop the preconditioners."""
+        self._pcs.clear()
