@@ -5,7 +5,15 @@ The public API (see README.md): local and distributed sparse tensors
 (:class:`HaloPlan`), the PETSc bridge (:func:`from_petsc`, ``DSparseTensor.to_petsc``),
 Krylov solvers (:func:`solve`, :func:`cg`, :func:`gmres`, :func:`minres`,
 :func:`bicgstab`), eigensolvers (:func:`eigsh`) and, in :mod:`slasolve.fem`,
-finite elements. petsc4py/slepc4py are imported only when a PETSc path is used.
+finite elements.
+
+``import slasolve`` is collective under ``mpirun`` (every rank imports it): when
+petsc4py/slepc4py are installed it initialises PETSc and SLEPc with ``sys.argv``
+(so ``-ksp_monitor``, ``-log_view`` ... on the command line work), and with more
+than one rank it makes an unhandled exception on any rank abort the job and
+watches for ranks that end while others still wait in a collective. See
+:mod:`slasolve._process` and README "Running under mpirun"; opt-outs:
+``SLASOLVE_ABORT_ON_EXCEPTION=0``, ``SLASOLVE_EXIT_TIMEOUT=0``.
 """
 import warnings as _warnings
 
@@ -14,7 +22,13 @@ import warnings as _warnings
 _warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 _warnings.filterwarnings("ignore", message="Sparse BSR tensor support is in beta")
 
-from ._comm import abort_on_unhandled_exception  # noqa: E402
+from . import _process  # noqa: E402
+
+# PETSc's start-up is collective: do it here, where every rank is, never lazily on a
+# code path that one rank may leave early (and pass the command line to PETSc).
+_process.init_petsc()
+
+from ._process import abort_on_unhandled_exception, parse_args  # noqa: E402
 from .autograd import global_sum  # noqa: E402
 from .dsparse import DSparseTensor  # noqa: E402
 from .eigen import EigenConvergenceError, EigenInfo, eigsh  # noqa: E402
@@ -25,16 +39,18 @@ from .sparse import SparseTensor  # noqa: E402
 
 __version__ = "0.1.0"
 
+_process.install()
+
 __all__ = [
     "SparseTensor", "DSparseTensor", "DSparseSpec", "Replicated", "SparseShard", "Shard", "row_shard",
     "col_shard", "HaloPlan", "from_petsc", "solve", "cg", "gmres", "minres", "bicgstab", "SolveInfo",
     "ConvergenceError", "eigsh", "EigenInfo", "EigenConvergenceError", "abort_on_unhandled_exception",
-    "global_sum",
+    "global_sum", "parse_args",
 ]
 
 
 def from_petsc(mat, **kwargs):
     """Collective. A row-sharded :class:`DSparseTensor` from a ``PETSc.Mat``
-    (see :func:`slasolve.petsc.from_petsc`); petsc4py is imported only here."""
+    (see :func:`slasolve.petsc.from_petsc`)."""
     from .petsc import from_petsc as _from_petsc
     return _from_petsc(mat, **kwargs)

@@ -134,22 +134,4 @@ def same_on_all_ranks(comm: MPI.Comm, value: Sequence[int] | int) -> bool:
     return all(v == values[0] for v in values)
 
 
-def abort_on_unhandled_exception(comm: Optional[MPI.Comm] = None) -> None:
-    """Local. Make an unhandled exception on any rank abort the whole job.
-
-    Installs a ``sys.excepthook`` that prints the traceback and then calls
-    ``comm.Abort(1)``, so a rank that dies never leaves the others waiting in a
-    collective. A no-op on one rank. Call it at the top of a script's ``__main__``.
-    """
-    import sys
-    comm = get_comm(comm)
-    if comm.Get_size() <= 1:
-        return
-    previous = sys.excepthook
-
-    def hook(kind, value, tb):
-        previous(kind, value, tb)
-        sys.stderr.flush()
-        comm.Abort(1)
-
-    sys.excepthook = hook
+from ._process import abort_on_unhandled_exception  # noqa: E402,F401  (kept importable from here)
