@@ -4,6 +4,7 @@
     mpirun -n 4 python examples/fem_solve.py --dim 3 --n 32
     python examples/fem_solve.py --problem elasticity --cell quad --output out/u.pvtu
     mpirun -n 2 python examples/fem_solve.py --check              # refinement study
+    mpirun -n 4 python examples/fem_solve.py -ksp_monitor -log_view   # PETSc options pass through
 
 The exact solutions are manufactured (``u = Π sin(π x_k)``, every displacement
 component the same for elasticity, 2-D plane strain), with homogeneous Dirichlet
@@ -32,7 +33,7 @@ from mpi4py import MPI
 
 from slasolve.fem import write_mesh
 from slasolve.fem.problems import convergence_rates, exact_elasticity, exact_poisson, manufactured_solve
-from slasolve import abort_on_unhandled_exception  # noqa: E402
+from slasolve import parse_args as parse_petsc_args  # noqa: E402
 
 CELLS = {2: ("triangle", "quad"), 3: ("tetra", "hexahedron")}
 
@@ -55,7 +56,7 @@ def parse_args(argv=None):
     p.add_argument("--output", default=None, help="write the solution (.pvtu, one piece per rank)")
     p.add_argument("--check", action="store_true", help="refine n, 2n, 4n and require rate >= 1.8")
     p.add_argument("--levels", type=int, default=3, help="refinement levels for --check")
-    args = p.parse_args(argv)
+    args = parse_petsc_args(p, argv)   # -ksp_monitor, -log_view ... go to PETSc
     if args.cell is None:
         args.cell = CELLS[args.dim][0]
     if args.cell not in CELLS[args.dim]:
@@ -122,5 +123,4 @@ def main(argv=None, comm=None) -> int:
 
 
 if __name__ == "__main__":
-    abort_on_unhandled_exception()
     sys.exit(main())

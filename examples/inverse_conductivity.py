@@ -48,7 +48,7 @@ import slasolve
 from slasolve import global_sum as allreduce_sum
 from slasolve.fem import Assembler, DirichletBC, boundary_dofs, box_mesh, cell_laplacian, write_mesh
 from slasolve.testing import local_slice
-from slasolve import abort_on_unhandled_exception  # noqa: E402
+from slasolve import parse_args as parse_petsc_args  # noqa: E402
 
 
 def hash_normal(ids: np.ndarray, seed: int, stream: int) -> np.ndarray:
@@ -153,7 +153,7 @@ def parse_args(argv=None):
     p.add_argument("--rtol", type=float, default=1e-10)
     p.add_argument("--output", default=None, help="write the recovered field (.pvtu, one piece per rank)")
     p.add_argument("--quiet", action="store_true")
-    args = p.parse_args(argv)
+    args = parse_petsc_args(p, argv)   # -ksp_monitor, -log_view ... go to PETSc
     if args.lr is None:
         args.lr = 1.0 if args.optimizer == "lbfgs" else 0.05
     return args
@@ -224,7 +224,6 @@ def main(argv=None, comm=None) -> dict:
 
 
 if __name__ == "__main__":
-    abort_on_unhandled_exception()
     torch.set_default_dtype(torch.float64)
     main()
     sys.exit(0)

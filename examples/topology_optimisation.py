@@ -36,7 +36,7 @@ from mpi4py import MPI
 import slasolve
 from slasolve import global_sum as allreduce_sum
 from slasolve.fem import Assembler, DensityFilter, DirichletBC, boundary_dofs, box_mesh
-from slasolve import abort_on_unhandled_exception  # noqa: E402
+from slasolve import parse_args as parse_petsc_args  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -55,7 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--rtol", type=float, default=1e-10)
     p.add_argument("--png", default=None, help="write the final design as a PNG image")
     p.add_argument("--quiet", action="store_true")
-    args = p.parse_args(argv)
+    args = parse_petsc_args(p, argv)   # -ksp_monitor, -log_view ... go to PETSc
     if args.rmin is None:
         args.rmin = max(1.5, 0.04 * args.nelx)
     return args
@@ -227,7 +227,6 @@ def main(argv=None, comm=None) -> dict:
 
 
 if __name__ == "__main__":
-    abort_on_unhandled_exception()
     torch.set_default_dtype(torch.float64)
     main()
     sys.exit(0)
