@@ -14,7 +14,10 @@ import torch
 from mpi4py import MPI
 
 __all__ = ["local_slice", "replicate", "global_offsets", "poisson_matrix", "grid_coords", "random_matrix",
-           "block_spd_matrix"]
+           "block_spd_matrix", "spd_matrix", "nonsymmetric_matrix", "symmetric_indefinite_matrix",
+           "graph_laplacian", "separated_spectrum_matrix", "repeated_spectrum_matrix", "mass_like_matrix",
+           "random_block_matrix", "with_empty_rows", "random_coords", "random_partition",
+           "eig_selection_error", "residual_bound_ok", "property_config", "collective_property"]
 
 
 class _LocalSlice(torch.autograd.Function):
@@ -129,3 +132,426 @@ def block_spd_matrix(shape: Sequence[int], b: int, seed: int = 0):
     rows, cols, data = rows[order], cols[order], data[order]
     indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=n))])
     return sp.bsr_matrix((data, cols, indptr), shape=(n * b, n * b))
+
+
+# -- generators for property-based tests (docs/testing.md) ----------------------
+# Every generator is Local and deterministic in its arguments, so every rank of an
+# MPI test builds the same matrix from the same small parameter dictionary: no
+# arrays travel, and a failing example prints as a few integers.
+
+def _sym_random(n: int, density: float, rng):
+    """Local. Random symmetric sparse matrix with zero diagonal, entries in (-1, 1)."""
+    import scipy.sparse as sp
+    S = sp.random(n, n, density=density, random_state=rng, format="csr",
+                  data_rvs=lambda k: rng.uniform(-1.0, 1.0, k))
+    S = sp.triu(S, 1)
+    return (S + S.T).tocsr()
+
+
+def _finish(A):
+    import scipy.sparse as sp
+    A = sp.csr_matrix(A)
+    A.sum_duplicates()
+    A.eliminate_zeros()
+    A.sort_indices()
+    return A
+
+
+def spd_matrix(n: int, seed: int = 0, density: float = 0.2):
+    """Local. A random sparse SPD matrix (CSR): symmetric, strictly diagonally dominant
+    with margin >= 1, so its eigenvalues lie in ``[1, 2 max_i R_i + 2]`` (R_i: the
+    off-diagonal absolute row sum) and it is well conditioned."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(seed)
+    S = _sym_random(n, density, rng)
+    R = np.asarray(abs(S).sum(axis=1)).ravel()
+    return _finish(S + sp.diags(R + 1.0 + rng.uniform(0.0, 1.0, n)))
+
+
+def nonsymmetric_matrix(n: int, seed: int = 0, density: float = 0.2):
+    """Local. A random sparse nonsymmetric matrix (CSR), strictly row and column
+    diagonally dominant (margin >= 1), hence nonsingular and well conditioned."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(seed)
+    S = sp.random(n, n, density=density, random_state=rng, format="csr",
+                  data_rvs=lambda k: rng.uniform(-1.0, 1.0, k))
+    S = S - sp.diags(S.diagonal())
+    R = np.maximum(np.asarray(abs(S).sum(axis=1)).ravel(), np.asarray(abs(S).sum(axis=0)).ravel())
+    return _finish(S + sp.diags(R + 1.0 + rng.uniform(0.0, 1.0, n)))
+
+
+def symmetric_indefinite_matrix(n: int, seed: int = 0, density: float = 0.2):
+    """Local. A random sparse symmetric indefinite matrix (CSR): diagonal entries
+    ``+-(R_i + 1 + u)`` with both signs present, so (Gershgorin) every eigenvalue
+    has magnitude >= 1 and there are positive and negative ones."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(seed)
+    S = _sym_random(n, density, rng)
+    R = np.asarray(abs(S).sum(axis=1)).ravel()
+    sign = rng.choice([-1.0, 1.0], n)
+    sign[0], sign[-1] = 1.0, -1.0
+    return _finish(S + sp.diags(sign * (R + 1.0 + rng.uniform(0.0, 1.0, n))))
+
+
+def graph_laplacian(n: int, seed: int = 0, density: float = 0.2):
+    """Local. The weighted Laplacian ``D - W`` of a random connected graph (a path plus
+    random edges, positive weights): symmetric positive semidefinite and singular,
+    null space spanned by the constant vector."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(seed)
+    W = abs(_sym_random(n, density, rng))
+    path = sp.diags(rng.uniform(0.5, 1.5, n - 1), 1, shape=(n, n))
+    W = (W + path + path.T).tocsr()
+    return _finish(sp.diags(np.asarray(W.sum(axis=1)).ravel()) - W)
+
+
+def separated_spectrum_matrix(n: int, seed: int = 0, gap: float = 1.0, density: float = 0.2):
+    """Local. A sparse symmetric matrix with well-separated eigenvalues: ``diag(d) + E``
+    with ``d_{i+1} - d_i >= gap`` (shuffled) and ``||E||_2 <= gap / 4``, so (Weyl)
+    neighbouring eigenvalues are at least ``gap / 2`` apart. Spectrum in roughly
+    ``[1, 1 + 2 n gap]``, all positive."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(seed)
+    d = 1.0 + np.cumsum(gap * (1.0 + rng.uniform(0.0, 1.0, n))) - gap
+    E = _sym_random(n, density, rng)
+    R = float(np.asarray(abs(E).sum(axis=1)).max()) if E.nnz else 1.0
+    E = E * (gap / (4.0 * max(R, 1e-300)))
+    return _finish(E + sp.diags(rng.permutation(d)))
+
+
+def repeated_spectrum_matrix(A, copies: int = 2, seed: int = 0):
+    """Local. ``P (I_copies (x) A) P^T`` for a random permutation ``P``: every eigenvalue
+    of ``A`` repeated ``copies`` times, the copies' rows interleaved (so no partition
+    separates them)."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(seed)
+    B = sp.kron(sp.identity(copies, format="csr"), sp.csr_matrix(A), format="csr")
+    p = rng.permutation(B.shape[0])
+    return _finish(B[p][:, p])
+
+
+def mass_like_matrix(A, seed: int = 0):
+    """Local. An SPD "mass matrix" with the pattern of ``A``'s symmetric part: positive
+    off-diagonal entries and a dominant diagonal (eigenvalues in about ``[1, 3]``),
+    as a P1 mass matrix, for generalized problems ``A v = w M v``."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(seed)
+    P = abs(sp.csr_matrix(A)) + abs(sp.csr_matrix(A)).T
+    P = sp.triu(P, 1).tocoo()
+    U = sp.coo_matrix((rng.uniform(0.1, 1.0, P.nnz), (P.row, P.col)), shape=A.shape)
+    S = (U + U.T).tocsr()
+    R = np.asarray(S.sum(axis=1)).ravel()
+    scale = 1.0 / max(float(R.max()), 1.0)
+    S = S * scale
+    return _finish(S + sp.diags(np.asarray(S.sum(axis=1)).ravel() + 1.0 + rng.uniform(0.0, 0.5, A.shape[0])))
+
+
+def random_block_matrix(nb: int, b: int, seed: int = 0, symmetric: bool = True, density: float = 0.3):
+    """Local. A random BSR matrix of ``nb x nb`` dense ``b x b`` blocks (scalar size
+    ``nb*b``) on a random node graph, strictly diagonally dominant with margin >= 1:
+    SPD when ``symmetric``, else nonsymmetric (and nonsingular)."""
+    import scipy.sparse as sp
+    rng = np.random.default_rng(seed)
+    G = sp.random(nb, nb, density=density, random_state=rng, format="coo")
+    keep = G.row != G.col
+    r, c = G.row[keep], G.col[keep]
+    if symmetric:
+        up = r < c
+        r, c = r[up], c[up]
+    blocks = rng.uniform(-1.0, 1.0, (r.size, b, b))
+    if symmetric:
+        r, c = np.concatenate([r, c]), np.concatenate([c, r])
+        blocks = np.concatenate([blocks, np.transpose(blocks, (0, 2, 1))])
+    rows = (r[:, None, None] * b + np.arange(b)[None, :, None] + 0 * blocks).ravel()
+    cols = (c[:, None, None] * b + np.arange(b)[None, None, :] + 0 * blocks).ravel()
+    S = sp.coo_matrix((blocks.ravel(), (rows.astype(np.int64), cols.astype(np.int64))),
+                      shape=(nb * b, nb * b)).tocsr()
+    D = rng.uniform(-1.0, 1.0, (nb, b, b))
+    if symmetric:
+        D = 0.5 * (D + np.transpose(D, (0, 2, 1)))
+    D = sp.block_diag(list(D), format="csr")
+    S = S + D - sp.diags(D.diagonal())
+    R = np.maximum(np.asarray(abs(S).sum(axis=1)).ravel(), np.asarray(abs(S).sum(axis=0)).ravel())
+    A = S + sp.diags(R + 1.0 + rng.uniform(0.0, 1.0, nb * b))
+    return sp.bsr_matrix(_finish(A), blocksize=(b, b))
+
+
+def with_empty_rows(A, rows: Sequence[int], keep_diagonal: bool = False):
+    """Local. ``A`` (CSR) with the rows ``rows`` emptied. ``keep_diagonal=False``: no
+    stored entry is left in those rows (the matrix is singular). ``keep_diagonal=True``:
+    the rows *and columns* keep only their diagonal entry (symmetry and definiteness
+    of ``A`` are kept: the operator stays nonsingular; such rows have no ghosts)."""
+    import scipy.sparse as sp
+    A = sp.csr_matrix(A, copy=True)
+    rows = np.unique(np.asarray(rows, dtype=np.int64))
+    mask = np.zeros(A.shape[0], dtype=bool)
+    mask[rows] = True
+    C = A.tocoo()
+    if keep_diagonal:
+        drop = (mask[C.row] | mask[C.col]) & (C.row != C.col)
+    else:
+        drop = mask[C.row]
+    B = sp.coo_matrix((C.data[~drop], (C.row[~drop], C.col[~drop])), shape=A.shape).tocsr()
+    B.sort_indices()
+    return B
+
+
+def random_coords(n: int, d: int = 2, seed: int = 0) -> np.ndarray:
+    """Local. ``(n, d)`` random points in the unit cube (for rcb / hilbert)."""
+    return np.random.default_rng(seed).uniform(0.0, 1.0, (n, d))
+
+
+def random_partition(n: int, nparts: int, seed: int = 0):
+    """Local. A random :class:`slasolve.partition.Partition` of ``n`` rows into
+    ``nparts`` non-empty parts (rows scattered across parts, not contiguous)."""
+    from .partition import Partition
+    if not 1 <= nparts <= n:
+        raise ValueError(f"need 1 <= nparts <= n, got nparts={nparts}, n={n}")
+    rng = np.random.default_rng(seed)
+    parts = rng.integers(0, nparts, n)
+    parts[rng.permutation(n)[:nparts]] = np.arange(nparts)
+    return Partition.from_parts(parts, nparts, method="random")
+
+
+# -- reference checks ---------------------------------------------------------------
+
+_WHICH_KEYS = {
+    "LA": lambda w, s: -w,
+    "SA": lambda w, s: w,
+    "LM": lambda w, s: -np.abs(w),
+    "SM": lambda w, s: np.abs(w),
+}
+
+
+def eig_selection_error(w, reference, k: int, which: str = "LM", sigma: Optional[float] = None) -> float:
+    """Local. How far ``w`` (``k`` computed eigenvalues) is from a valid answer of
+    ``eigsh(k, which, sigma)`` for a problem whose full spectrum (with multiplicity) is
+    ``reference``: the largest of (a) the distance of the selection keys (``-w`` for
+    "LA", ``|w|`` for "SM", ``|w - sigma|`` with ``sigma``, ...) from the ``k`` best
+    keys of ``reference`` and (b) the distance of each ``w`` from a distinct reference
+    eigenvalue (greedy matching, so a dropped copy of a repeated eigenvalue counts).
+    Ties at the selection boundary are therefore accepted either way."""
+    w = np.sort(np.asarray(w, dtype=float).ravel())
+    ref = np.asarray(reference, dtype=float).ravel()
+    if w.size != k:
+        return float("inf")
+    key = (lambda v: np.abs(v - sigma)) if sigma is not None else (lambda v: _WHICH_KEYS[which](v, None))
+    best = np.sort(key(ref))[:k]
+    err = float(np.max(np.abs(np.sort(key(w)) - best)))
+    free = np.ones(ref.size, dtype=bool)
+    for v in w:  # k <= a few dozen: a loop over the computed values only
+        d = np.where(free, np.abs(ref - v), np.inf)
+        j = int(np.argmin(d))
+        free[j] = False
+        err = max(err, float(d[j]))
+    return err
+
+
+def residual_bound_ok(A, b, x, rtol: float, atol: float, slack: float = 1.05) -> tuple:
+    """Local. ``(ok, ||b - A x||, bound)`` for SciPy's criterion
+    ``||b - A x|| <= max(rtol ||b||, atol)``, with a relative ``slack`` and a
+    round-off allowance ``100 eps ||A||_1 ||x||`` (the Krylov recurrences track an
+    updated, not the true, residual)."""
+    r = float(np.linalg.norm(b - A @ x))
+    an = float(abs(A).sum(axis=0).max()) if A.shape[0] else 0.0
+    bound = slack * max(rtol * float(np.linalg.norm(b)), atol) \
+        + 100 * np.finfo(float).eps * an * float(np.linalg.norm(x))
+    return r <= bound, r, bound
+
+
+# -- collective property-based tests (hypothesis under MPI) ---------------------------
+
+def property_config() -> dict:
+    """Local. The property-test settings from the environment (docs/testing.md):
+    ``SLASOLVE_PROPERTY_FULL=1`` (many examples, shrinking on), ``SLASOLVE_PROPERTY_EXAMPLES``
+    (override the number of examples of every property), ``SLASOLVE_PROPERTY_SEED``
+    (an int, default 0: the CI slice is the same on every run; ``random``: a fresh seed,
+    printed) and ``SLASOLVE_PROPERTY_SHRINK`` (0/1, default: on in full mode only)."""
+    import os
+    full = os.environ.get("SLASOLVE_PROPERTY_FULL", "0") not in ("", "0", "false", "no")
+    ex = os.environ.get("SLASOLVE_PROPERTY_EXAMPLES", "")
+    seed = os.environ.get("SLASOLVE_PROPERTY_SEED", "0")
+    shrink = os.environ.get("SLASOLVE_PROPERTY_SHRINK", "1" if full else "0")
+    return {"full": full, "examples": int(ex) if ex.strip() else None,
+            "seed": seed.strip() or "0", "shrink": shrink not in ("", "0", "false", "no")}
+
+
+def _describe(e: BaseException) -> str:
+    import traceback
+    tb = traceback.extract_tb(e.__traceback__)
+    where = "".join(traceback.format_list(tb[-3:])) if tb else ""
+    notes = "\n".join(getattr(e, "__notes__", []) or [])
+    return f"{type(e).__name__}: {e}\n{where}{notes}".rstrip()
+
+
+def _run_collective_example(comm, example, check) -> Optional[str]:
+    """Collective. Run ``check(example)`` on every rank; the combined verdict (None
+    or the failing ranks' messages) is identical on every rank."""
+    err = None
+    try:
+        check(example)
+    except Exception as e:  # any failure on any rank fails the example on every rank
+        err = _describe(e)
+    errs = comm.allgather(err) if comm.Get_size() > 1 else [err]
+    bad = [(r, m) for r, m in enumerate(errs) if m is not None]
+    if not bad:
+        return None
+    return "\n".join(f"[rank {r}] {m}" for r, m in bad)
+
+
+def collective_property(comm, strategy, check, *, name: str, examples: int = 8,
+                        full_examples: int = 200, explicit: Sequence = ()) -> None:
+    """Collective. Property-based test of ``check`` over ``strategy`` on every rank of
+    ``comm``, with hypothesis driven by rank 0 only.
+
+    Rank 0 runs hypothesis and broadcasts each example (a small picklable value, e.g. a
+    dict of ints and names) before every rank runs ``check(example)``; any exception on
+    any rank fails that example on every rank (one ``allgather``), so rank 0's
+    hypothesis sees the outcome of the whole communicator and shrinks it. The other
+    ranks just follow the broadcasts until rank 0 says stop, then raise rank 0's
+    failure. Hypothesis' own run is *not* reproducible across processes after a
+    failure (its engine stops searching and shrinking on wall-clock limits), which is
+    why ranks never run it independently.
+
+    Parameters
+    ----------
+    comm : MPI.Comm
+    strategy : hypothesis strategy producing the examples
+    check : callable(example), collective; raises (e.g. ``AssertionError``) on failure
+    name : str
+        Seeds the (deterministic) generation: every property draws its own sequence.
+    examples, full_examples : int
+        Examples in the CI slice and with ``SLASOLVE_PROPERTY_FULL=1``
+        (``SLASOLVE_PROPERTY_EXAMPLES`` overrides both).
+    explicit : sequence
+        Examples always run first (known regressions), as hypothesis' ``@example``.
+    """
+    cfg = property_config()
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if rank != 0:
+        _follow(comm, check)
+        return
+    n = cfg["examples"] if cfg["examples"] is not None else (full_examples if cfg["full"] else examples)
+    final = None
+    try:
+        _drive(comm, strategy, check, name, n, cfg, explicit)
+    except BaseException as e:
+        final = _describe(e)
+        raise
+    finally:
+        if size > 1:
+            comm.bcast(("stop", final), root=0)
+
+
+def _follow(comm, check) -> None:
+    while True:
+        kind, payload = comm.bcast(None, root=0)
+        if kind == "stop":
+            break
+        _run_collective_example(comm, payload, check)
+    if payload is not None:
+        raise AssertionError(f"property failed (as reported by rank 0):\n{payload}")
+
+
+def _drive(comm, strategy, check, name, n, cfg, explicit) -> None:
+    import hashlib
+    from hypothesis import HealthCheck, Phase, Verbosity, example, given, seed, settings
+    if cfg["seed"] == "random":
+        s = int(np.random.SeedSequence().entropy % (2 ** 62))
+        print(f"\n[{name}] SLASOLVE_PROPERTY_SEED={s}", flush=True)
+    else:
+        s = int(cfg["seed"])
+    phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if cfg["shrink"] else [])
+
+    def run_one(ex):
+        if comm.Get_size() > 1:
+            comm.bcast(("example", ex), root=0)
+        msg = _run_collective_example(comm, ex, check)
+        if msg is not None:
+            raise AssertionError(msg)
+
+    import re
+    run_one.__name__ = run_one.__qualname__ = "property_" + re.sub(r"\W", "_", name)
+    test = given(strategy)(run_one)
+    for ex in reversed(list(explicit)):
+        test = example(ex)(test)
+    test = settings(max_examples=max(int(n), 1), derandomize=False, database=None, deadline=None,
+                    suppress_health_check=list(HealthCheck), phases=phases,
+                    report_multiple_bugs=False, verbosity=Verbosity.normal,
+                    print_blob=False)(test)
+    digest = hashlib.blake2b(f"{name}:{s}".encode(), digest_size=8).digest()
+    test = seed(int.from_bytes(digest, "little") >> 2)(test)
+    test()
+
+
+# -- named matrix families for property tests ------------------------------------------
+
+#: kind -> (symmetric, definite, singular): what a solver may assume about each family
+MATRIX_KINDS = {
+    "spd": (True, True, False),            # random, diagonally dominant
+    "nonsym": (False, False, False),       # random, row/column diagonally dominant
+    "symindef": (True, False, False),      # random symmetric indefinite, |eigenvalues| >= 1
+    "grid2d": (True, True, False),         # square-grid Laplacian: repeated eigenvalues
+    "grid3d": (True, True, False),         # cube-grid Laplacian: eigenvalues of multiplicity 3
+    "block2": (True, True, False),         # BSR 2x2, SPD
+    "block3": (True, True, False),         # BSR 3x3, SPD
+    "block2ns": (False, False, False),     # BSR 2x2, nonsymmetric
+    "elastic2": (True, True, False),       # BSR 2x2 on a grid (block_spd_matrix)
+    "diagrows": (True, True, False),       # SPD with some rows/columns holding only the diagonal
+    "repeated": (True, True, False),       # every eigenvalue twice or three times
+    "separated": (True, True, False),      # eigenvalues at least `gap / 2` apart
+    "laplacian": (True, False, True),      # graph Laplacian: singular (constants)
+    "emptyrows": (False, False, True),     # SPD with some rows stored empty: singular, nonsymmetric
+    "emptyrows_ns": (False, False, True),  # nonsymmetric with some empty rows: singular
+}
+
+
+def case_matrix(kind: str, n: int, seed: int = 0):
+    """Local. ``(A, coords, block)`` for a named matrix family (:data:`MATRIX_KINDS`) of
+    about ``n`` scalar unknowns: ``A`` SciPy CSR (BSR for block kinds), ``coords``
+    ``(block rows, d)`` for geometric partitioners, ``block`` the block size (1 scalar).
+    Deterministic in ``(kind, n, seed)``; at least 4 block rows."""
+    rng = np.random.default_rng(seed + 7919)
+    n = max(int(n), 8)
+    if kind in ("grid2d", "elastic2"):
+        m = max(3, int(round(np.sqrt(n / (2 if kind == "elastic2" else 1)))))
+        coords = grid_coords((m, m))
+        if kind == "grid2d":
+            return poisson_matrix((m, m)), coords, 1
+        return block_spd_matrix((m, m), 2, seed=seed), coords, 2
+    if kind == "grid3d":
+        m = min(max(2, int(round(n ** (1 / 3)))), 4)
+        return poisson_matrix((m, m, m)), grid_coords((m, m, m)), 1
+    if kind.startswith("block"):
+        b = int(kind[5])
+        nb = max(4, n // b)
+        return random_block_matrix(nb, b, seed, symmetric=not kind.endswith("ns")), random_coords(nb, 2, seed), b
+    if kind == "repeated":
+        copies = 2 + seed % 2
+        base = spd_matrix(max(4, n // copies), seed)
+        A = repeated_spectrum_matrix(base, copies, seed)
+        return A, random_coords(A.shape[0], 2, seed), 1
+    makers = {"spd": spd_matrix, "nonsym": nonsymmetric_matrix, "symindef": symmetric_indefinite_matrix,
+              "laplacian": graph_laplacian, "separated": separated_spectrum_matrix,
+              "diagrows": spd_matrix, "emptyrows": spd_matrix, "emptyrows_ns": nonsymmetric_matrix}
+    if kind not in makers:
+        raise ValueError(f"unknown matrix kind {kind!r}; expected one of {sorted(MATRIX_KINDS)}")
+    A = makers[kind](n, seed)
+    if kind in ("diagrows", "emptyrows", "emptyrows_ns"):
+        rows = rng.choice(n, size=max(1, n // 6), replace=False)
+        A = with_empty_rows(A, rows, keep_diagonal=(kind == "diagrows"))
+    return A, random_coords(n, 2, seed), 1
+
+
+def distribute(A, comm, partition: str = "contiguous", coords=None, seed: int = 0):
+    """Collective. ``DSparseTensor.from_global(A, comm, ...)`` with a named partition:
+    ``contiguous``, ``metis``, ``rcb``, ``hilbert`` (with ``coords``) or ``random``
+    (:func:`random_partition` of the block rows, seeded)."""
+    from .dsparse import DSparseTensor
+    if partition == "random":
+        nb = A.shape[0] // (A.blocksize[0] if hasattr(A, "blocksize") else 1)
+        part = random_partition(nb, comm.Get_size(), seed)
+        return DSparseTensor.from_global(A, comm, partition=part)
+    if partition in ("rcb", "hilbert"):
+        return DSparseTensor.from_global(A, comm, partition=partition, coords=coords)
+    return DSparseTensor.from_global(A, comm, partition=partition)

@@ -1,8 +1,35 @@
+import os
 
 import pytest
 import torch
 
 torch.set_default_dtype(torch.float64)
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("slasolve property tests (docs/testing.md)")
+    group.addoption("--property-full", action="store_true", default=False,
+                    help="run the full property set: many hypothesis examples per property, with "
+                         "shrinking (same as SLASOLVE_PROPERTY_FULL=1)")
+    group.addoption("--property-examples", type=int, default=None,
+                    help="examples per property (overrides the CI slice and the full set; "
+                         "SLASOLVE_PROPERTY_EXAMPLES)")
+    group.addoption("--property-seed", default=None,
+                    help="generation seed: an int (default 0, the CI slice) or 'random' "
+                         "(SLASOLVE_PROPERTY_SEED)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "property: hypothesis property-based differential test "
+                                       "(tests/test_property_*.py, docs/testing.md)")
+    # the options travel to slasolve.testing.property_config through the environment, so a
+    # plain `SLASOLVE_PROPERTY_FULL=1 pytest ...` and `pytest --property-full` do the same
+    if config.getoption("--property-full"):
+        os.environ["SLASOLVE_PROPERTY_FULL"] = "1"
+    if config.getoption("--property-examples") is not None:
+        os.environ["SLASOLVE_PROPERTY_EXAMPLES"] = str(config.getoption("--property-examples"))
+    if config.getoption("--property-seed") is not None:
+        os.environ["SLASOLVE_PROPERTY_SEED"] = str(config.getoption("--property-seed"))
 
 
 @pytest.fixture
