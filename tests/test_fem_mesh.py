@@ -242,3 +242,80 @@ def test_write_mesh_pieces_and_gather(shared_dir):
         np.testing.assert_allclose(m.point_data["u"], m.points[:, 0] * 2 + 1)
     with pytest.raises(ValueError, match="point_data"):
         write_mesh(os.path.join(d, "bad.pvtu"), mesh, point_data={"u": torch.zeros(1000)})
+
+
+def _snapshot(d):
+    """{name: bytes} of every file in d (hidden temporaries included)."""
+    out = {}
+    for name in sorted(os.listdir(d)):
+        p = os.path.join(d, name)
+        out[name] = open(p, "rb").read() if os.path.isfile(p) else None
+    return out
+
+
+@pytest.mark.parametrize("gather", [False, True])
+def test_write_mesh_failure_on_one_rank_changes_nothing(shared_dir, monkeypatch, gather):
+    """A write that fails on one rank (the last; rank 0 for gather=True, which writes
+    alone) raises on every rank and leaves the previous files byte for byte, with no
+    temporaries behind."""
+    import meshio
+
+    d = os.path.join(shared_dir, f"atomic_{int(gather)}")
+    if COMM.rank == 0:
+        os.makedirs(d)
+    COMM.Barrier()
+    mesh = box_mesh((3, 2 * COMM.size), cell="quad", comm=COMM)
+    u = mesh.owned_node_coords()[:, 0]
+    target = os.path.join(d, "out.vtu" if gather else "out.pvtu")
+    write_mesh(target, mesh, point_data={"u": u}, gather=gather)
+    COMM.Barrier()
+    before = _snapshot(d)
+    assert len(before) == (1 if gather else COMM.size + 1)
+    bad = 0 if gather else COMM.size - 1
+    if COMM.rank == bad:
+        def full_disk(filename, *args, **kwargs):   # writes part of the file, then fails
+            with open(filename, "wb") as fh:
+                fh.write(b"<VTKFile partial")
+            raise OSError(28, "No space left on device (simulated)")
+        monkeypatch.setattr(meshio, "write", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_mesh(target, mesh, point_data={"u": u + 1}, gather=gather)
+    COMM.Barrier()
+    assert _snapshot(d) == before
+    monkeypatch.undo()
+    write_mesh(target, mesh, point_data={"u": u + 1}, gather=gather)   # and the next write works
+    COMM.Barrier()
+    assert _snapshot(d).keys() == before.keys()
+
+
+@pytest.mark.parametrize("name, content", [
+    ("garbage.vtu", b"this is not a mesh <VTKFile"),
+    ("garbage.msh", b"$MeshFormat\n2.2 0 8\n$EndMeshFormat\n$Nodes\n25\n1 0 0"),
+    ("empty.vtu", b""),
+    ("truncated.vtu", None),
+    ("truncated.vtk", None),
+])
+def test_read_mesh_bad_file_names_file_and_problem(shared_dir, name, content):
+    """Garbage, empty and truncated files: a ValueError naming the file and saying what is
+    wrong, on every rank (meshio itself prints and raises SystemExit)."""
+    import meshio
+
+    path = os.path.join(shared_dir, name)
+    if COMM.rank == 0:
+        if content is None:
+            serial = box_mesh((4, 5), cell="triangle", comm=MPI.COMM_SELF)
+            pts = np.zeros((serial.n_global_nodes, 3))
+            pts[:, :2] = serial.node_coords.numpy()
+            meshio.write(path, meshio.Mesh(pts, [("triangle", serial.cells.numpy())]))
+            data = open(path, "rb").read()
+            with open(path, "wb") as fh:
+                fh.write(data[:len(data) // 2])
+        else:
+            with open(path, "wb") as fh:
+                fh.write(content)
+    COMM.Barrier()
+    with pytest.raises(ValueError) as info:
+        read_mesh(path, comm=COMM)
+    msg = str(info.value)
+    assert name in msg and "SystemExit" not in msg
+    assert ("the file is empty" if content == b"" else "not a valid mesh file, or truncated") in msg

@@ -138,26 +138,8 @@ _TRI_BITS = np.array([[0, 1, 3], [0, 3, 2]])  # both counter-clockwise, diagonal
 _CELLS_PER_BOX = {"triangle": 2, "quad": 1, "tetra": 6, "hexahedron": 1}
 
 
-def box_mesh(n: Union[int, Sequence[int]], lower: Optional[Sequence[float]] = None,
-             upper: Optional[Sequence[float]] = None, cell: str = "triangle",
-             comm: Optional[MPI.Comm] = None, dtype: torch.dtype = torch.float64) -> Mesh:
-    """Collective. Structured mesh of the box ``[lower, upper]`` with ``n`` cells per axis.
-
-    ``cell``: ``"triangle"`` / ``"quad"`` (2-D) or ``"tetra"`` / ``"hexahedron"`` (3-D).
-    ``n``: an int (same on every axis) or one int per axis. ``lower``/``upper``
-    default to the unit box.
-
-    Nodes are numbered lexicographically, x fastest. The box is cut into slabs of
-    cell layers along the last axis: with the balanced split ``c_0 = 0 < c_1 < ...
-    < c_size = n[-1]`` (the first ``n[-1] % size`` ranks get one layer more), rank
-    ``r`` owns the cell layers and node layers ``[c_r, c_{r+1})``, the last rank
-    also the final node layer; its ghosts are the node layer ``c_{r+1}``. Each rank
-    generates only its slab. Squares are cut into 2 triangles along the diagonal
-    from the low corner, cubes into the 6 Kuhn tetrahedra (conforming); every
-    cell is positively oriented. Raises ``ValueError`` (on every rank) if
-    ``n[-1] < comm.size``.
-    """
-    comm = get_comm(comm)
+def _box_args(n, lower, upper, cell, dtype, size):
+    """Local. Validated ``(shape, lower, upper)`` of :func:`box_mesh`'s arguments."""
     if not isinstance(cell, str) or cell not in _DIM:
         raise ValueError(f"cell must be one of {CELL_TYPES}, got {cell!r}")
     dim = _DIM[cell]
@@ -180,10 +162,47 @@ def box_mesh(n: Union[int, Sequence[int]], lower: Optional[Sequence[float]] = No
         raise ValueError(f"need finite lower < upper on every axis, got lower={lo.tolist()}, upper={hi.tolist()}")
     if dtype not in (torch.float64, torch.float32):
         raise TypeError(f"dtype must be torch.float64 or torch.float32, got {dtype}")
-    size, rank = comm.Get_size(), comm.Get_rank()
     if shape[-1] < size:
         raise ValueError(f"box_mesh: n[-1]={shape[-1]} cell layers cannot be split over {size} ranks "
                          f"(need n[-1] >= comm.size)")
+    return shape, lo, hi
+
+
+def box_mesh(n: Union[int, Sequence[int]], lower: Optional[Sequence[float]] = None,
+             upper: Optional[Sequence[float]] = None, cell: str = "triangle",
+             comm: Optional[MPI.Comm] = None, dtype: torch.dtype = torch.float64) -> Mesh:
+    """Collective. Structured mesh of the box ``[lower, upper]`` with ``n`` cells per axis.
+
+    ``cell``: ``"triangle"`` / ``"quad"`` (2-D) or ``"tetra"`` / ``"hexahedron"`` (3-D).
+    ``n``: an int (same on every axis) or one int per axis. ``lower``/``upper``
+    default to the unit box.
+
+    Nodes are numbered lexicographically, x fastest. The box is cut into slabs of
+    cell layers along the last axis: with the balanced split ``c_0 = 0 < c_1 < ...
+    < c_size = n[-1]`` (the first ``n[-1] % size`` ranks get one layer more), rank
+    ``r`` owns the cell layers and node layers ``[c_r, c_{r+1})``, the last rank
+    also the final node layer; its ghosts are the node layer ``c_{r+1}``. Each rank
+    generates only its slab. Squares are cut into 2 triangles along the diagonal
+    from the low corner, cubes into the 6 Kuhn tetrahedra (conforming); every
+    cell is positively oriented. Bad arguments raise ``ValueError``/``TypeError`` on
+    every rank, also when they are bad on one rank only; arguments that differ between
+    ranks raise ``ValueError`` naming them (one small Allreduce validates them all).
+    ``n[-1] < comm.size`` raises ``ValueError``.
+    """
+    comm = get_comm(comm)
+    size, rank = comm.Get_size(), comm.Get_rank()
+    args, err = None, None
+    try:
+        args = _box_args(n, lower, upper, cell, dtype, size)
+    except (ValueError, TypeError) as e:
+        err = e
+    # every rank must generate its slab of the same box (a box_mesh without communication
+    # would otherwise let ranks disagree silently, or one rank raise alone)
+    agree = None if args is None else {"n": args[0], "lower": args[1].tolist(), "upper": args[2].tolist(),
+                                       "cell": cell, "dtype": str(dtype)}
+    check_collective(comm, err, agree=agree if err is None else {"n": "invalid"})
+    shape, lo, hi = args
+    dim = _DIM[cell]
 
     nn = np.array(shape) + 1                       # nodes per axis
     L = int(np.prod(nn[:-1]))                      # nodes per node layer
@@ -324,6 +343,46 @@ def _partition_nodes(cells: np.ndarray, points: np.ndarray, nparts: int, method:
     return np.asarray(parts, dtype=np.int64)
 
 
+def _meshio_read(path: str):
+    """Rank 0: ``meshio.read``, with every failure a ``ValueError`` naming the file and the problem.
+
+    ``meshio.read`` itself prints and calls ``sys.exit(1)`` when no reader accepts the
+    file, so the readers of the candidate formats are called directly here."""
+    import meshio
+
+    try:
+        from pathlib import Path
+
+        from meshio._helpers import _filetypes_from_path, reader_map
+    except ImportError:  # another meshio layout: fall back on the public reader
+        _filetypes_from_path = reader_map = None
+    size = os.path.getsize(path)
+    if size == 0:
+        raise ValueError(f"read_mesh: cannot read {path!r}: the file is empty")
+    if reader_map is None:
+        readers = [("meshio", meshio.read)]
+    else:
+        try:
+            formats = _filetypes_from_path(Path(path))
+        except Exception as e:  # noqa: BLE001 - meshio.ReadError for unknown suffixes
+            raise ValueError(f"read_mesh: cannot read {path!r}: {e} (give a file with a mesh "
+                             f"format's suffix, e.g. .msh, .vtu, .vtk, .xdmf)") from None
+        readers = [(f, reader_map[f]) for f in formats if f in reader_map]
+    problems = []
+    from .. import _process
+    hint = _process._state.exit_status
+    for fmt, reader in readers:
+        try:
+            return reader(path)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - readers raise many types (even SystemExit)
+            _process._state.exit_status = hint   # a caught SystemExit is no exit
+            cause = e.__cause__ or e.__context__
+            detail = str(e) or (f"{type(cause).__name__}: {cause}" if cause is not None else "")
+            problems.append(f"as {fmt}: {type(e).__name__}: {detail}".rstrip(": "))
+    raise ValueError(f"read_mesh: cannot read {path!r} ({size} bytes): not a valid mesh file, or truncated "
+                     f"({'; '.join(problems) or 'no reader for this suffix'})")
+
+
 def _read_and_distribute(path, size: int, partition: str):
     """Rank 0: read, clean up, partition and split the mesh into one payload per rank."""
     import meshio
@@ -331,10 +390,7 @@ def _read_and_distribute(path, size: int, partition: str):
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"read_mesh: no such file: {path!r}")
-    try:
-        m = meshio.read(path)
-    except (Exception, SystemExit) as e:  # noqa: BLE001 - meshio raises many types (even SystemExit)
-        raise ValueError(f"read_mesh: cannot read {path!r}: {type(e).__name__}: {e}") from None
+    m = _meshio_read(path)
     blocks = [(b.type, np.asarray(b.data)) for b in m.cells if len(b.data)]
     if not blocks:
         raise ValueError(f"read_mesh: {path!r} contains no cells")
@@ -409,13 +465,20 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
 
     The whole mesh is held on rank 0 while reading: this path is for meshes
     that fit in one node's memory (use :func:`box_mesh` for generated meshes of
-    any size). A missing file raises ``FileNotFoundError``, an unreadable or
-    unsupported one ``ValueError``, on every rank.
+    any size). A missing file raises ``FileNotFoundError``; an unreadable,
+    truncated or unsupported one ``ValueError`` naming the file and the problem; on
+    every rank. ``partition`` and ``dtype`` must be the same on every rank.
     ``mesh.original_ids`` gives each local node's index in the file's points.
     """
     comm = get_comm(comm)
     rank, size = comm.Get_rank(), comm.Get_size()
-    result, err = None, None
+    err = None
+    if not isinstance(partition, str):
+        err = TypeError(f"partition must be a str, got {type(partition).__name__}")
+    elif dtype not in (torch.float64, torch.float32):
+        err = TypeError(f"dtype must be torch.float64 or torch.float32, got {dtype}")
+    check_collective(comm, err, agree={"partition": partition, "dtype": str(dtype)})
+    result = None
     if rank == 0:
         try:
             result = _read_and_distribute(path, size, partition)
@@ -524,7 +587,11 @@ def write_mesh(path: Union[str, os.PathLike], mesh: Mesh,
     the ``.pvtu`` (its suffix is replaced by ``.pvtu``). ``gather=True``: the mesh
     is gathered to rank 0 and written to ``path`` in any meshio format (this needs
     the whole mesh in rank 0's memory). Returns the path of the written index /
-    file (on every rank). Errors in the data raise on every rank.
+    file (on every rank). Errors in the data, and arguments that differ between
+    ranks, raise on every rank. The files are written to temporary names next to the
+    targets and renamed only after every rank has written its part, so a failure
+    (disk full, permissions, bad data on one rank) raises on every rank and leaves the
+    previous files untouched (no temporaries left behind).
     """
     import meshio
 
@@ -549,11 +616,10 @@ def write_mesh(path: Union[str, os.PathLike], mesh: Mesh,
             cdata[name] = a
     except Exception as e:  # noqa: BLE001
         err = e
-    check_collective(comm, err)
-    # every rank must agree on which arrays exist (otherwise the fetch below would hang)
-    names = (tuple(sorted(pdata)), tuple(sorted(cdata)))
-    if size > 1 and any(x != names for x in comm.allgather(names)):
-        raise ValueError("write_mesh: point_data / cell_data names differ between ranks")
+    # every rank must agree on the arrays (otherwise the fetch below would hang), the
+    # target and the mode
+    check_collective(comm, err, agree={"path": path, "gather": bool(gather), "point_data names": sorted(pdata),
+                                       "cell_data names": sorted(cdata)})
     # first dimension: owned vs local must be decided collectively when sizes coincide
     om = mesh.owned_mask().numpy()
     for name in sorted(pdata):
@@ -574,30 +640,75 @@ def write_mesh(path: Union[str, os.PathLike], mesh: Mesh,
         own_pd = {k: comm.gather(v[om], root=0) for k, v in sorted(pdata.items())}
         all_cells = comm.gather(mesh.cells.numpy(), root=0)
         all_cd = {k: comm.gather(v, root=0) for k, v in sorted(cdata.items())}
-        err = None
+        mine = {}
         if rank == 0:
-            try:
-                meshio.write(path, meshio.Mesh(
-                    np.concatenate(own_pts), [(mesh.cell_type, np.concatenate(all_cells))],
-                    point_data={k: np.concatenate(v) for k, v in own_pd.items()},
-                    cell_data={k: [np.concatenate(v)] for k, v in all_cd.items()}))
-            except Exception as e:  # noqa: BLE001
-                err = e
-        check_collective(comm, err)
+            mine[path] = lambda tmp: meshio.write(tmp, meshio.Mesh(
+                np.concatenate(own_pts), [(mesh.cell_type, np.concatenate(all_cells))],
+                point_data={k: np.concatenate(v) for k, v in own_pd.items()},
+                cell_data={k: [np.concatenate(v)] for k, v in all_cd.items()}))
+        _staged_write(comm, mine, {})
         return path
 
     stem = path[:-len(".pvtu")] if path.endswith(".pvtu") else os.path.splitext(path)[0]
     index = stem + ".pvtu"
     piece = f"{stem}_{rank:04d}.vtu"
-    err = None
-    try:
-        meshio.write(piece, meshio.Mesh(pts, [(mesh.cell_type, local_cells)], point_data=pdata,
-                                        cell_data={k: [v] for k, v in cdata.items()}), binary=True)
-        if rank == 0:
-            names = [os.path.basename(f"{stem}_{r:04d}.vtu") for r in range(size)]
-            with open(index, "w") as fh:
-                fh.write(_pvtu_xml(names, np.float64, pdata, cdata))
-    except Exception as e:  # noqa: BLE001
-        err = e
-    check_collective(comm, err)
+    pieces = {piece: lambda tmp: meshio.write(
+        tmp, meshio.Mesh(pts, [(mesh.cell_type, local_cells)], point_data=pdata,
+                         cell_data={k: [v] for k, v in cdata.items()}), file_format="vtu", binary=True)}
+    last = {}
+    if rank == 0:
+        names = [os.path.basename(f"{stem}_{r:04d}.vtu") for r in range(size)]
+        xml = _pvtu_xml(names, np.float64, pdata, cdata)
+
+        def write_index(tmp):
+            with open(tmp, "w") as fh:
+                fh.write(xml)
+        last[index] = write_index
+    _staged_write(comm, pieces, last)
     return index
+
+
+def _staged_write(comm: MPI.Comm, files: Dict[str, Callable[[str], None]],
+                  last: Dict[str, Callable[[str], None]]) -> None:
+    """Collective. Write files so that a failure on any rank changes none of them.
+
+    ``files`` / ``last``: this rank's ``{final path: writer(temporary path)}``. Each rank
+    writes into a private temporary directory next to the final files (same file system;
+    the temporary file has the final file's name, so formats that name companion files
+    after it keep valid references), then, only once every rank succeeded, moves
+    ``files`` into place, and after them ``last`` (the ``.pvtu`` index, so that it never
+    names pieces that were not replaced). Temporaries are removed in every case; any
+    error is raised on every rank. Only a failing ``os.replace`` (after every write
+    succeeded) can leave a mix of old and new files.
+    """
+    import shutil
+    import tempfile
+
+    staged, tmpdirs, err = [], [], None
+    try:
+        for final, write in list(files.items()) + list(last.items()):
+            folder = os.path.dirname(os.path.abspath(final))
+            tmpdir = tempfile.mkdtemp(prefix=".slasolve-write-", dir=folder)
+            tmpdirs.append(tmpdir)
+            tmp = os.path.join(tmpdir, os.path.basename(final))
+            write(tmp)
+            staged.append((final, tmpdir))
+    except Exception as e:  # noqa: BLE001 - raised on every rank below
+        err = OSError(f"write_mesh: cannot write {final!r}: {type(e).__name__}: {e}") \
+            if not isinstance(e, (ValueError, TypeError)) else e
+    try:
+        check_collective(comm, err)
+        for phase in (files, last):
+            err = None
+            try:
+                for final, tmpdir in staged:
+                    if final in phase:
+                        for name in os.listdir(tmpdir):   # the file and any companions
+                            os.replace(os.path.join(tmpdir, name),
+                                       os.path.join(os.path.dirname(os.path.abspath(final)), name))
+            except Exception as e:  # noqa: BLE001
+                err = OSError(f"write_mesh: cannot move {final!r} into place: {e}")
+            check_collective(comm, err)
+    finally:
+        for tmpdir in tmpdirs:
+            shutil.rmtree(tmpdir, ignore_errors=True)
