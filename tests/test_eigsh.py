@@ -370,3 +370,144 @@ def test_same_layout_A_and_M():
     for backend in BACKENDS:
         w, V = eigsh(dK, k=3, M=dM, which="SA", tol=1e-11, backend=backend)
         np.testing.assert_allclose(w.numpy(), ref, rtol=1e-8)
+
+
+# ------------------------------------------- multiplicity (issue #9): vs LAPACK
+def _fem_q1_pair(m):
+    """Tensor-product P1 x P1 stiffness / mass on an m x m interior grid: the pencil's
+    eigenvalues are mu_i + mu_j of the 1-D pencil, so every i != j is double."""
+    K1, M1 = p1_1d(m)
+    K = (sp.kron(K1, M1) + sp.kron(M1, K1)).tocsr()
+    Mm = sp.kron(M1, M1).tocsr()
+    K.sort_indices()
+    Mm.sort_indices()
+    return K, Mm
+
+
+def _diag_repeated():
+    """Diagonal: 0.5, then 1.0 ten times, ..., 5.0 eight times (multiplicity > k)."""
+    d = np.concatenate([[0.5], np.ones(10), np.linspace(1.5, 4.5, 22), 5.0 * np.ones(8)])
+    return sp.diags(d).tocsr()
+
+
+MULT_MATRICES = {
+    "grid12x12": lambda: (laplacian((12, 12)), None),
+    "grid6x6x6": lambda: (laplacian((6, 6, 6)), None),
+    "diag": lambda: (_diag_repeated(), None),
+    "q1pencil": lambda: _fem_q1_pair(7),
+}
+
+
+def _wanted_ref(ref, k, which, sigma):
+    """The k wanted eigenvalues of the sorted LAPACK spectrum ``ref`` (with multiplicity);
+    asserts the choice is unambiguous (no key tie between different eigenvalues at the cut)."""
+    if sigma is not None:
+        key = np.abs(ref - sigma)
+    else:
+        key = {"SA": ref, "LA": -ref, "LM": -np.abs(ref), "SM": np.abs(ref)}[which]
+    order = np.argsort(key, kind="stable")
+    cut_in, cut_out = order[k - 1], order[k]
+    assert (abs(key[cut_out] - key[cut_in]) > 1e-8 or abs(ref[cut_out] - ref[cut_in]) < 1e-10), \
+        "test problem has an ambiguous wanted set"
+    return np.sort(ref[order[:k]])
+
+
+def _check_subspace(P, Q, w, Vg, ref_w, ref_U, tol=1e-6):
+    """Residuals, M-orthonormality, and V inside the span of LAPACK's eigenvectors of
+    the returned eigenvalues (principal angles): the check for repeated eigenvalues,
+    whose vectors are not unique."""
+    BV = Vg if Q is None else Q @ Vg
+    R = P @ Vg - BV * w[None, :]
+    scale = max(np.abs(w).max(), 1.0)
+    assert (np.linalg.norm(R, axis=0) / scale).max() < tol
+    np.testing.assert_allclose(Vg.T @ BV, np.eye(len(w)), atol=1e-8)
+    sel = np.zeros(len(ref_w), dtype=bool)
+    for x in w:
+        sel |= np.abs(ref_w - x) <= 1e-7 * scale
+    U = ref_U[:, sel]                        # M-orthonormal eigenvectors of those eigenvalues
+    MU = U if Q is None else Q @ U
+    out = Vg - U @ (MU.T @ Vg)               # component outside their span
+    assert np.linalg.norm(out, 2) < 1e-5
+
+
+MULT_CASES = [  # (backend, method, which, sigma)
+    ("slepc", None, "SA", None), ("slepc", None, "LA", None), ("slepc", None, "LM", None),
+    ("slepc", None, "LM", 0.9), ("torch", None, "SA", None), ("torch", "lanczos", "SA", None),
+    ("torch", None, "LA", None), ("torch", "lobpcg", "LA", None), ("torch", None, "LM", 0.9),
+]
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", list(MULT_MATRICES))
+def test_multiplicity_vs_lapack(comm, name):
+    """k wanted eigenvalues counted with multiplicity (LAPACK reference), every default
+    path and method, with the eigenvectors' span checked."""
+    P, Q = MULT_MATRICES[name]()
+    ref_w, ref_U = scipy.linalg.eigh(P.toarray(), None if Q is None else Q.toarray())
+    dP = dist(P, comm)
+    dQ = dist(Q, comm) if Q is not None else None
+    for k in ((6,) if Q is not None else (6, 4)):   # the native generalized Lanczos is slow
+        for backend, method, which, sigma in MULT_CASES:
+            if name == "diag" and sigma is not None:
+                sigma = 1.2      # nearest: 1.0 (x10), then 1.5 ...
+            expect = _wanted_ref(ref_w, k, which, sigma)
+            w, V, info = eigsh(dP, k=k, M=dQ, which=which, sigma=sigma, backend=backend, method=method,
+                               tol=1e-10, return_info=True)
+            what = (name, k, backend, method, which, sigma, info.method)
+            np.testing.assert_allclose(w.numpy(), expect, rtol=1e-8, atol=1e-10, err_msg=str(what))
+            assert info.verified, what
+            _check_subspace(P, Q, w.numpy(), gather(dP, V), ref_w, ref_U)
+
+
+@pytest.mark.mpi
+def test_multiplicity_sm_and_forced_methods(comm):
+    """which='SM' (indefinite: Laplacian - 3.9 I) and SLEPc methods forced by petsc_options."""
+    P = laplacian((8, 8)) - 3.9 * sp.identity(64, format="csr")
+    ref = scipy.linalg.eigh(P.toarray(), eigvals_only=True)
+    dP = dist(P, comm)
+    for backend in BACKENDS:
+        w = eigsh(dP, k=5, which="SM", backend=backend, tol=1e-10)[0]
+        np.testing.assert_allclose(w.numpy(), _wanted_ref(ref, 5, "SM", None), rtol=1e-8, atol=1e-10)
+    A = laplacian((10, 10))
+    ref = analytic((10, 10))
+    dA = dist(A, comm)
+    for eps_type in ("lanczos", "lobpcg", "gd"):
+        opts = {"eps_type": eps_type}
+        if eps_type == "lanczos":
+            opts["eps_lanczos_reorthog"] = "full"
+        w, V, info = eigsh(dA, k=6, which="SA", tol=1e-9, petsc_options=opts, return_info=True)
+        assert info.method == eps_type and info.verified and info.verify_rounds >= 1
+        np.testing.assert_allclose(w.numpy(), ref[:6], rtol=1e-7)
+
+
+def test_lobpcg_block_is_safe_beyond_spare_columns():
+    """Native LOBPCG (block max(2k, k+4)) is not re-verified: multiplicity 10 and 8 exceed the
+    block's k+... spare columns and are still found (LAPACK reference)."""
+    D = _diag_repeated()
+    ref = np.sort(D.diagonal())
+    for k, which in ((6, "SA"), (6, "LA"), (3, "SA")):
+        w, V, info = eigsh(D, k=k, which=which, backend="torch", method="lobpcg", tol=1e-10,
+                           return_info=True)
+        assert info.verified and info.verify_rounds == 0
+        np.testing.assert_allclose(w.numpy(), _wanted_ref(ref, k, which, None), rtol=1e-9)
+
+
+def test_verification_failure_raises():
+    """A verification solve that cannot converge raises instead of returning an unconfirmed set."""
+    import importlib
+    E = importlib.import_module("slasolve.eigen.eigsh")
+    A = laplacian((12, 12))
+    old = E._verify
+
+    def failing(*a, **kw):
+        w, V, rounds, w_next, err = old(*a, **kw)
+        return w, V, rounds, None, "forced failure"
+    E._verify = failing
+    try:
+        with pytest.raises(EigenConvergenceError, match="krylovschur"):
+            eigsh(A, k=4, which="SA")
+        w, V, info = eigsh(A, k=4, which="SA", raise_on_fail=False, return_info=True)
+        assert not info.verified and not info.success
+    finally:
+        E._verify = old

@@ -2,7 +2,9 @@
 
 ``_EigshFunction`` maps A's local values (and M's) to ``(w, V)``; the forward
 is the already computed solution, the backward is **collective** (every rank
-calls it, as every rank called :func:`~slasolve.eigsh`).
+calls it, as every rank called :func:`~slasolve.eigsh`) and once-differentiable
+(a second derivative through ``create_graph=True`` raises instead of silently
+missing terms).
 
 Derivation (``V^T M V = I``, ``w`` simple)
 -----------------------------------------
@@ -42,21 +44,29 @@ the halo exchange; never a dense matrix).
 
 Defined behaviour at degenerate eigenvalues
 -------------------------------------------
-* Eigenvalue gradients are always returned (``g_j v_j v_j^T``). For an
-  eigenvalue of multiplicity > 1 the individual eigenvalues are not
-  differentiable; the result is the derivative along the returned basis, and is
-  exact for losses symmetric in the cluster (e.g. the sum of its eigenvalues).
+* Eigenvalue gradients: a cluster of returned eigenvalues within
+  ``degenerate_rtol * max_l |w_l|`` of each other is a repeated eigenvalue,
+  whose individual copies are not differentiable. Backward accepts equal
+  incoming gradients ``g`` on the whole cluster -- then the result
+  ``g sum_j v_j v_j^T = g P`` depends only on the eigenspace (``P`` its
+  projector) and is the exact gradient of symmetric functions of the cluster
+  (e.g. its sum) -- and raises :class:`ValueError` on every rank for unequal
+  ones, and for a nonzero gradient on a cluster that continues beyond the
+  returned set (the next eigenvalue ``w_next``, known from eigsh's
+  verification, is a copy: ``k`` cuts the eigenspace).
 * Eigenvector gradients: if any returned eigenvector ``j`` with a nonzero
   incoming gradient has a partner ``i`` among the returned ones with
   ``|w_i - w_j| <= degenerate_rtol * max_l |w_l|``, backward raises
   :class:`ValueError` on every rank (no NaN/Inf is ever returned silently).
-  A degeneracy with an eigenvalue *outside* the returned set shows up as a
-  deflated MINRES that does not converge; that raises
+  The same for a degeneracy with the next eigenvalue outside the returned set
+  (``w_next``). Any other degeneracy with an eigenvalue *outside* the returned
+  set shows up as a deflated MINRES that does not converge; that raises
   :class:`~slasolve.eigen.info.EigenConvergenceError` on every rank.
 """
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .._comm import allreduce_sum
 from ..autograd import matvec_value_grad
@@ -91,6 +101,7 @@ class EigshFunction(torch.autograd.Function):
         return w.clone(), V.clone()
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, gw, gV):
         st = ctx.state
         w, V = ctx.saved_tensors
@@ -113,6 +124,7 @@ def _eig_value_grads(st, w, V, gw, gV, want_A, want_M):
     if gw is None:
         gw = torch.zeros_like(w)
     gw = gw.to(dt)
+    _check_eigenvalue_grads(st, w, gw)
     Ls_A.append(V * gw[None, :])
     Rs_A.append(V)
     coefM = -(gw * w)
@@ -128,6 +140,17 @@ def _eig_value_grads(st, w, V, gw, gV, want_A, want_M):
             offd = ~torch.eye(k, dtype=torch.bool, device=w.device)
             near = (diff.abs() <= st.degenerate_rtol * max(scale, torch.finfo(dt).tiny)) & offd
             bad = near & (active[None, :] | active[:, None])
+            if st.w_next is not None:
+                cut = (w - st.w_next).abs() <= st.degenerate_rtol * max(scale, abs(st.w_next),
+                                                                         torch.finfo(dt).tiny)
+                if bool((cut & active).any()):
+                    j = int(torch.nonzero(cut & active)[0])
+                    raise ValueError(
+                        f"eigsh backward: eigenvector gradient requested for w[{j}] = {float(w[j]):.16g}, "
+                        f"which is (nearly) degenerate with the next eigenvalue {st.w_next:.16g} that was not "
+                        "returned; the eigenvectors of a repeated eigenvalue are not differentiable. Request "
+                        "more eigenpairs (larger k) so the whole eigenspace is returned and use a loss of the "
+                        "spanned subspace, or break the degeneracy.")
             if bool(bad.any()):
                 i, j = (int(t) for t in torch.nonzero(bad)[0])
                 raise ValueError(
@@ -151,6 +174,40 @@ def _eig_value_grads(st, w, V, gw, gV, want_A, want_M):
         Rs_M.insert(0, V)
         gM = matvec_value_grad(dM, torch.cat(Ls_M, 1), torch.cat(Rs_M, 1)).to(dM.values.dtype)
     return gA, gM
+
+
+def _check_eigenvalue_grads(st, w, gw):
+    """ValueError unless the eigenvalue gradient is well defined: equal incoming
+    gradients within each cluster of (nearly) equal returned eigenvalues (then
+    ``sum_j g_j v_j v_j^T = g P`` with ``P`` the basis-independent projector onto the
+    eigenspace), and none on a cluster that continues beyond the returned set
+    (``w_next``, from eigsh's verification). Local (reduced, identical data)."""
+    k = w.numel()
+    if k == 0 or not bool((gw != 0).any()):
+        return
+    dt = w.dtype
+    scale = max(float(w.abs().max()), abs(st.w_next) if st.w_next is not None else 0.0, torch.finfo(dt).tiny)
+    thr = st.degenerate_rtol * scale
+    gtol = 1e3 * torch.finfo(dt).eps * float(gw.abs().max())
+    near = (w[None, :] - w[:, None]).abs() <= thr
+    unequal = (gw[None, :] - gw[:, None]).abs() > gtol
+    bad = near & unequal
+    if bool(bad.any()):
+        i, j = (int(t) for t in torch.nonzero(bad)[0])
+        raise ValueError(
+            f"eigsh backward: different gradients ({float(gw[i]):.6g}, {float(gw[j]):.6g}) for the (nearly) "
+            f"repeated eigenvalues w[{i}] = {float(w[i]):.16g} and w[{j}] = {float(w[j]):.16g}; individual "
+            "copies of a repeated eigenvalue are not differentiable (only symmetric functions of the "
+            "cluster, e.g. its sum, are). Use such a loss or break the degeneracy.")
+    if st.w_next is not None:
+        cut = ((w - st.w_next).abs() <= thr) & (gw != 0)
+        if bool(cut.any()):
+            j = int(torch.nonzero(cut)[0])
+            raise ValueError(
+                f"eigsh backward: gradient requested for w[{j}] = {float(w[j]):.16g}, a copy of a repeated "
+                f"eigenvalue whose other copies ({st.w_next:.16g}) were not returned (k cuts the eigenspace); "
+                "it is not differentiable there. Request more eigenpairs (larger k) so the whole cluster is "
+                "returned, or break the degeneracy.")
 
 
 def _adjoint_vectors(st, w, V, MV, G, C, active, rs):

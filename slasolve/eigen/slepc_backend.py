@@ -118,8 +118,9 @@ class SlepcSession:
     PETSc object it created.
 
     ``method``: what actually runs, from the EPS after ``setFromOptions``:
-    ``eps.getType()``, plus ``"+" + st.getType()`` unless the ST is ``shift``
-    with a zero shift (e.g. ``"krylovschur+sinvert"``, ``"lobpcg"``).
+    ``eps.getType()``, plus ``"+" + st.getType()`` unless the ST is ``shift`` or
+    ``precond`` (the preconditioned solvers' default) with a zero shift (e.g.
+    ``"krylovschur+sinvert"``, ``"lobpcg"``).
     """
 
     def __init__(self, dA, dM, k, *, which, sigma, tol, maxiter, ncv=None, options_prefix=None,
@@ -151,7 +152,7 @@ class SlepcSession:
         st = eps.getST()
         self.method = str(eps.getType())
         st_type = str(st.getType())
-        if st_type != "shift" or st.getShift() != 0.0:
+        if st_type not in ("shift", "precond") or st.getShift() != 0.0:
             self.method += "+" + st_type
 
     def __enter__(self):
