@@ -233,7 +233,8 @@ def repeated_spectrum_matrix(A, copies: int = 2, seed: int = 0):
 def mass_like_matrix(A, seed: int = 0):
     """Local. An SPD "mass matrix" with the pattern of ``A``'s symmetric part: positive
     off-diagonal entries and a dominant diagonal (eigenvalues in about ``[1, 3]``),
-    as a P1 mass matrix, for generalized problems ``A v = w M v``."""
+    as a P1 mass matrix, for generalized problems ``A v = w M v``; BSR with ``A``'s
+    block size when ``A`` is BSR."""
     import scipy.sparse as sp
     rng = np.random.default_rng(seed)
     P = abs(sp.csr_matrix(A)) + abs(sp.csr_matrix(A)).T
@@ -243,7 +244,10 @@ def mass_like_matrix(A, seed: int = 0):
     R = np.asarray(S.sum(axis=1)).ravel()
     scale = 1.0 / max(float(R.max()), 1.0)
     S = S * scale
-    return _finish(S + sp.diags(np.asarray(S.sum(axis=1)).ravel() + 1.0 + rng.uniform(0.0, 0.5, A.shape[0])))
+    M = _finish(S + sp.diags(np.asarray(S.sum(axis=1)).ravel() + 1.0 + rng.uniform(0.0, 0.5, A.shape[0])))
+    if sp.isspmatrix_bsr(A) and A.blocksize != (1, 1):
+        return sp.bsr_matrix(M, blocksize=A.blocksize)  # same (block) layout as A
+    return M
 
 
 def random_block_matrix(nb: int, b: int, seed: int = 0, symmetric: bool = True, density: float = 0.3):
