@@ -12,7 +12,6 @@ from numbers import Integral, Real
 from typing import Callable, Optional, Tuple, Union
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._comm import check_collective
 from ..autograd import matvec_value_grad
@@ -141,10 +140,14 @@ class _AdjointSolve(torch.autograd.Function):
         return x
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, g):
-        # once differentiable: the adjoint solve is not itself recorded, so a second
-        # derivative (create_graph=True) raises instead of silently missing terms
+        if torch.is_grad_enabled():
+            # create_graph=True: the adjoint solve below is not recorded, so any second
+            # derivative would silently miss the solve's terms. torch's once_differentiable
+            # does not help here: its error node is only reached by .backward(), not by
+            # autograd.grad(..., inputs) (Hessian-vector products), so raise now.
+            raise RuntimeError("slasolve.solve is differentiable once: second derivatives through a "
+                               "solve are not implemented (backward with create_graph=True)")
         (x,) = ctx.saved_tensors
         if ctx.opts.get("pc_fn") is not None:  # the cached solver may have another callable now
             ctx.solver.set_callable(ctx.opts["pc_fn"])
@@ -338,8 +341,9 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
     bad argument on any rank, raises on every rank. Complex ``A``/``b`` and ``b`` with
     zero columns raise. The result depends only on the arguments and the values ``A``
     holds at call time: cached solvers and PETSc Mats never carry state between calls.
-    ``x`` is differentiable once (the backward's adjoint solve is not differentiated
-    again: ``create_graph=True`` raises).
+    ``x`` is differentiable once: a backward through the solve with
+    ``create_graph=True`` (Hessian-vector products, gradient penalties) raises
+    ``RuntimeError`` rather than return second derivatives without the solve's terms.
     """
     if isinstance(A, SparseTensor) and A.batch_shape:
         return _solve_batched(A, b, method, x0=x0, return_info=return_info, backend=backend, rtol=rtol,
