@@ -511,3 +511,168 @@ def test_verification_failure_raises():
         assert not info.verified and not info.success
     finally:
         E._verify = old
+
+
+# ------------------------------------------------ gradients at repeated eigenvalues
+@pytest.mark.mpi
+def test_repeated_eigenvalue_gradients(comm):
+    """Symmetric functions of a repeated eigenvalue's cluster: exact (gradcheck, and the
+    projector formula); individual copies, and a cluster cut by k: ValueError."""
+    A = laplacian((5, 5))             # w = [l1, l2, l2, ...] (square grid)
+    n = A.shape[0]
+    dA = dist(A, comm)
+    ip = A.indptr
+    a, b = dA.row_range
+    lo, hi = int(ip[a]), int(ip[b])
+    PA = _sym_param(A, 2, 7)
+    base = torch.tensor(A.data)
+
+    def f(theta):
+        va = local_slice(base + PA @ theta, lo, hi, comm)
+        w, _ = eigsh(dA.with_values(va), k=3, which="SA", tol=1e-13)
+        return w[0] + 2.0 * (w[1] + w[2])       # symmetric in the (l2, l2) cluster
+    theta = torch.zeros(2, dtype=DT, requires_grad=True)
+    assert torch.autograd.gradcheck(f, (theta,), eps=1e-6, atol=1e-6, rtol=1e-4)
+    # the projector formula: d(l2 + l2)/dA = P_l2 restricted to the pattern
+    vals = dA.values.clone().requires_grad_(True)
+    w, V = eigsh(dA.with_values(vals), k=3, which="SA", tol=1e-12)
+    (w[1] + w[2]).backward()
+    ew, U = np.linalg.eigh(A.toarray())
+    Pl2 = U[:, 1:3] @ U[:, 1:3].T
+    rows = np.repeat(np.arange(n), np.diff(A.indptr))
+    np.testing.assert_allclose(vals.grad.numpy(), Pl2[rows, A.indices][lo:hi], atol=1e-9)
+    # individual copies are not differentiable
+    w, V = eigsh(dA.with_values(vals), k=3, which="SA", tol=1e-12)
+    with pytest.raises(ValueError, match="repeated"):
+        w[1].backward()
+    # k=2 cuts the l2 eigenspace: no gradient for w[1]; w[0] is fine
+    w, V = eigsh(dA.with_values(vals), k=2, which="SA", tol=1e-12)
+    with pytest.raises(ValueError, match="larger k"):
+        w.sum().backward()
+    vals.grad = None
+    w, V = eigsh(dA.with_values(vals), k=2, which="SA", tol=1e-12)
+    w[0].backward()
+    np.testing.assert_allclose(vals.grad.numpy(), (U[rows, 0] * U[A.indices, 0])[lo:hi], atol=1e-9)
+    # eigenvectors of the cut cluster: ValueError (not a MINRES failure)
+    w, V = eigsh(dA.with_values(vals), k=2, which="SA", tol=1e-12)
+    with pytest.raises(ValueError, match="degenerate"):
+        V[:, 1].sum().backward()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_second_derivative_raises(comm, backend):
+    """create_graph=True through eigsh raises instead of silently dropping the eigen-Hessian
+    from second derivatives (also when w enters the loss linearly)."""
+    A, _ = _grad_problem(12, seed=2)
+    dA = dist(A, comm)
+    vals = dA.values.clone().requires_grad_(True)
+    w, V = eigsh(dA.with_values(vals), k=2, which="SA", backend=backend, tol=1e-12)
+    # the vals**3 term keeps g in a graph: before, its second derivative silently
+    # missed the eigenvalue Hessian
+    for loss in ((w ** 2).sum() + (V[:, 0] ** 2).sum() + (vals ** 3).sum(), w.sum() + (vals ** 3).sum()):
+        with pytest.raises(RuntimeError, match="second derivatives"):
+            torch.autograd.grad(loss, vals, create_graph=True, retain_graph=True)
+    (g,) = torch.autograd.grad(w.sum(), vals)      # first order unchanged
+    assert torch.isfinite(g).all()
+
+
+# ----------------------------------------------------- method names, options
+@pytest.mark.mpi
+def test_method_names_what_ran(comm):
+    from petsc4py import PETSc
+    dA = dist(laplacian((9, 8)), comm)
+    cases = [({}, None, "krylovschur"), ({}, 0.1, "krylovschur+sinvert"),
+             ({"eps_type": "lobpcg"}, None, "lobpcg"),
+             ({"eps_type": "lanczos", "eps_lanczos_reorthog": "full"}, None, "lanczos")]
+    for opts, sigma, expect in cases:
+        _, _, info = eigsh(dA, k=2, which="SA" if sigma is None else "LM", sigma=sigma, tol=1e-9,
+                           petsc_options=opts, return_info=True)
+        assert info.method == expect, (opts, info.method)
+    # the options database (as from the command line) is honoured and named
+    db = PETSc.Options("cl_")
+    db["eps_type"] = "lobpcg"
+    try:
+        _, _, info = eigsh(dA, k=2, which="SA", tol=1e-9, options_prefix="cl_", return_info=True)
+        assert info.method == "lobpcg"
+    finally:
+        db.delValue("eps_type")
+    with pytest.raises(EigenConvergenceError, match="lanczos"):
+        eigsh(dA, k=3, which="SA", tol=1e-12, petsc_options={"eps_type": "lanczos", "eps_max_it": 1,
+                                                             "eps_lanczos_reorthog": "full"})
+    _, _, info = eigsh(dA, k=2, which="LA", backend="torch", return_info=True)
+    assert info.method == "lanczos"
+    _, _, info = eigsh(dA, k=2, sigma=0.1, backend="torch", return_info=True)
+    assert info.method == "lanczos+sinvert"
+
+
+@pytest.mark.mpi
+def test_petsc_options_errors_and_no_leak(comm):
+    from petsc4py import PETSc
+    dA = dist(laplacian((30,)), comm)
+    ref = analytic((30,))[:4]
+    db = PETSc.Options("tst2_")
+    # a bad option value: ValueError on every rank, database restored
+    with pytest.raises(ValueError, match="petsc_options"):
+        eigsh(dA, k=4, which="SA", options_prefix="tst2_", petsc_options={"eps_type": "no_such_type"})
+    assert not db.hasName("eps_type")
+    # non-convergence (error path after the options were used): restored as well
+    with pytest.raises(EigenConvergenceError):
+        eigsh(dA, k=4, which="SA", tol=1e-12, options_prefix="tst2_", petsc_options={"eps_max_it": 1})
+    assert not db.hasName("eps_max_it")
+    # a user's own database entry survives a call that overrides it
+    db["eps_ncv"] = "12"
+    try:
+        eigsh(dA, k=4, which="SA", options_prefix="tst2_", petsc_options={"eps_ncv": 20})
+        assert db.getString("eps_ncv") == "12"
+    finally:
+        db.delValue("eps_ncv")
+    w = eigsh(dA, k=4, which="SA", tol=1e-12, options_prefix="tst2_")[0]
+    np.testing.assert_allclose(w.numpy(), ref, rtol=1e-8)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_settings_must_agree_on_every_rank(comm):
+    rank, size = comm.Get_rank(), comm.Get_size()
+    dA = dist(laplacian((6, 5)), comm)
+    last = rank == size - 1
+    with pytest.raises(ValueError, match="which"):
+        eigsh(dA, k=2, which="XX" if last else "SA")
+    if size > 1:
+        for kw in ({"k": 3 if last else 2}, {"which": "LA" if last else "SA"}, {"tol": 1e-6 if last else 1e-8},
+                   {"sigma": 0.5 if last else None}, {"backend": "torch" if last else "slepc"},
+                   {"petsc_options": {"eps_type": "lanczos"} if last else None},
+                   {"return_info": last}, {"v0": torch.ones(dA.n_local, dtype=DT) if last else None}):
+            args = dict(k=2, which="SA")
+            args.update(kw)
+            with pytest.raises(ValueError, match="differ"):
+                eigsh(dA, **args)
+    # the communicator still works (nobody was left in a collective)
+    w = eigsh(dA, k=2, which="SA", tol=1e-10)[0]
+    np.testing.assert_allclose(w.numpy(), analytic((6, 5))[:2], rtol=1e-8)
+
+
+@pytest.mark.timeout(120)
+def test_no_petsc_object_leak():
+    """200 calls (SLEPc, with and without shift-invert): the process memory stays flat
+    (serial: the per-call objects are the same at every size; 2-rank runs showed no
+    PETSc garbage either)."""
+    import gc
+    comm = MPI.COMM_SELF
+    dA = dist(laplacian((14, 15)), comm)
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+    for _ in range(10):
+        eigsh(dA, k=2, which="SA", tol=1e-6)
+        eigsh(dA, k=2, sigma=0.0, tol=1e-6)
+    gc.collect()
+    r0 = rss()
+    for _ in range(100):
+        eigsh(dA, k=2, which="SA", tol=1e-6)
+        eigsh(dA, k=2, sigma=0.0, tol=1e-6)
+    gc.collect()
+    grow = comm.allreduce(rss() - r0, op=MPI.MAX)
+    assert grow < 4 * 2 ** 20, f"RSS grew by {grow / 2**20:.1f} MiB over 200 calls"

@@ -2,9 +2,9 @@
 
 ``_EigshFunction`` maps A's local values (and M's) to ``(w, V)``; the forward
 is the already computed solution, the backward is **collective** (every rank
-calls it, as every rank called :func:`~slasolve.eigsh`) and once-differentiable
-(a second derivative through ``create_graph=True`` raises instead of silently
-missing terms).
+calls it, as every rank called :func:`~slasolve.eigsh`) and first-order only:
+with ``create_graph=True`` it raises ``RuntimeError`` instead of returning
+gradients whose second derivatives would silently miss the eigen-Hessian.
 
 Derivation (``V^T M V = I``, ``w`` simple)
 -----------------------------------------
@@ -66,7 +66,6 @@ Defined behaviour at degenerate eigenvalues
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._comm import allreduce_sum
 from ..autograd import matvec_value_grad
@@ -101,8 +100,15 @@ class EigshFunction(torch.autograd.Function):
         return w.clone(), V.clone()
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, gw, gV):
+        if torch.is_grad_enabled():
+            # create_graph=True. ``once_differentiable`` is not enough: its error node hangs
+            # off detached aliases, so torch.autograd.grad(g, inputs) prunes it and drops the
+            # eigen-Hessian silently (and it adds no node at all when w enters the loss
+            # linearly). Raise instead (on every rank: create_graph is the same everywhere).
+            raise RuntimeError(
+                "eigsh backward: second derivatives (create_graph=True) through eigsh are not "
+                "implemented; the result would silently miss the eigenvalue/eigenvector Hessian")
         st = ctx.state
         w, V = ctx.saved_tensors
         with torch.no_grad():
@@ -237,11 +243,18 @@ def _adjoint_vectors(st, w, V, MV, G, C, active, rs):
     def reduce_sum(t):
         return rs(t)
 
+    # accuracy of u_j relative to ||G_j||: the projected right-hand side may be ~0
+    # (a loss of v_j's norm, e.g. (v_j ** 2).sum()), where a relative test cannot pass
+    B = -torch.stack([projT(G[:, j]) for j in range(k)], 1) if k else G
+    bn2 = rs(torch.stack([(B * B).sum(0), (G * G).sum(0)]))
     for j in range(k):
         if not bool(active[j]):
             continue
-        b = -projT(G[:, j])
+        b = B[:, j]
         wj = float(w[j])
+        bn, gn = float(bn2[0, j]) ** 0.5, float(bn2[1, j]) ** 0.5
+        if bn <= st.grad_rtol * gn:
+            continue        # u_j's complement part is below the requested accuracy
 
         def op(y, wj=wj):
             py = proj(y)
@@ -249,7 +262,7 @@ def _adjoint_vectors(st, w, V, MV, G, C, active, rs):
             ky = ky - wj * (dM @ py if dM is not None else py)
             return projT(ky)
 
-        y, info = minres(op, b, rtol=st.grad_rtol, maxiter=maxiter, reduce_sum=reduce_sum)
+        y, info = minres(op, b, rtol=st.grad_rtol * gn / bn, maxiter=maxiter, reduce_sum=reduce_sum)
         if not info.converged:
             raise EigenConvergenceError(
                 f"eigsh backward: the projected adjoint solve for eigenvector {j} (w = {wj:.16g}) did not "

@@ -617,8 +617,12 @@ class _SlepcSolver:
                 dA, dM, k, which=which, sigma=sigma, tol=tol, maxiter=maxiter, ncv=ncv,
                 options_prefix=options_prefix, petsc_options=petsc_options, st_solver=st_solver)
         except slepc_backend.PETSc.Error as e:
-            err = ValueError(f"petsc_options / options_prefix {options_prefix!r}: SLEPc rejected the "
-                             f"configuration ({e})")
+            msg = f"SLEPc rejected the configuration ({e})"
+            if petsc_options or options_prefix:
+                msg = f"petsc_options / options_prefix {options_prefix!r}: " + msg
+            if dM is not None:
+                msg += " (for a generalized problem this may also mean M is not positive definite)"
+            err = ValueError(msg)
         check_collective(dA.comm, err)
         self.method = self.session.method
         self.setup_time = self.session.setup_time

@@ -149,6 +149,7 @@ class SlepcSession:
             eps.setOptionsPrefix(options_prefix)
         with _temporary_options(petsc_options, options_prefix):
             eps.setFromOptions()
+        eps.setUp()     # configuration errors surface here (ValueError in eigsh), not in solve
         st = eps.getST()
         self.method = str(eps.getType())
         st_type = str(st.getType())
