@@ -8,8 +8,21 @@ SCRIPT = textwrap.dedent("""
     sys.modules["petsc4py"] = None      # make "import petsc4py" fail as if not installed
     sys.modules["slepc4py"] = None
     import numpy as np, scipy.sparse as sp, scipy.sparse.linalg as spla, torch
+    import argparse, contextlib, io
     import slasolve
     from slasolve.krylov import default_backend
+    assert "petsc4py.PETSc" not in sys.modules and "slepc4py.SLEPc" not in sys.modules
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=1)
+    assert slasolve.parse_args(parser, ["--n", "3"]).n == 3
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        try:
+            slasolve.parse_args(parser, ["-ksp_monitor"])
+        except SystemExit as e:
+            assert e.code == 2
+        else:
+            raise AssertionError("PETSc options without petsc4py must be an error")
+    assert "petsc4py is not installed" in err.getvalue(), err.getvalue()
     assert default_backend() == "torch", default_backend()
     n = 12
     D = sp.diags([-1, 2, -1], [-1, 0, 1], (n, n))
@@ -29,6 +42,8 @@ SCRIPT = textwrap.dedent("""
         assert "petsc4py" in str(e)
     else:
         raise AssertionError("backend='petsc' without petsc4py must raise ImportError")
+    w, V = slasolve.eigsh(S, k=2, which="SA")          # native eigensolver
+    assert np.allclose(np.sort(w.numpy()), np.sort(np.linalg.eigvalsh(A.toarray()))[:2], atol=1e-6)
     print("OK")
 """)
 

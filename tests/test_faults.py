@@ -1,0 +1,307 @@
+"""Faults under mpirun: a job must end (non-zero), never hang (DESIGN.md section 8).
+
+These tests run serially (not marked mpi): each launches its own small
+``mpirun -n 2`` / ``-n 3`` job under ``timeout`` and checks how it ends. Exit
+status 124 (or 137) means the job hung until the timeout: always a failure.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+MPIRUN = shutil.which("mpirun")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+needs_mpirun = pytest.mark.skipif(MPIRUN is None, reason="needs mpirun")
+
+
+def _env(**extra):
+    # drop the MPI job variables of this (possibly singleton-MPI) pytest process: the
+    # child mpirun must start a job of its own
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_", "SLASOLVE_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_mpi_yield_when_idle="1",
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def mpirun(n, script, *args, timeout=25, tmp_path=None, **env):
+    """Run ``script`` (source text) on ``n`` ranks; returns (returncode, output, hung)."""
+    path = os.path.join(tmp_path, "job.py")
+    with open(path, "w") as fh:
+        fh.write(textwrap.dedent(script))
+    cmd = ["timeout", "-k", "5", str(timeout), MPIRUN, "--oversubscribe", "--bind-to", "none", "-n", str(n),
+           sys.executable, path, *args]
+    t0 = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_env(**env), cwd=tmp_path,
+                         timeout=timeout + 30)
+    hung = out.returncode == 124 or time.monotonic() - t0 >= timeout
+    return out.returncode, out.stdout + out.stderr, hung
+
+
+def assert_ended(rc, out, hung, nonzero=True):
+    assert not hung, f"the job hung (killed by timeout):\n{out[-3000:]}"
+    if nonzero:
+        assert rc != 0, f"the job exited 0:\n{out[-3000:]}"
+
+
+# ------------------------------------------------------------------ abort on unhandled exception
+@needs_mpirun
+def test_exception_on_one_rank_aborts_the_job(tmp_path):
+    rc, out, hung = mpirun(2, """
+        import slasolve
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        comm.allreduce(1)
+        if comm.rank == 1:
+            raise RuntimeError("boom on rank 1")
+        comm.allreduce(1)          # rank 0 would wait here forever
+    """, tmp_path=tmp_path)
+    assert_ended(rc, out, hung)
+    assert "RuntimeError: boom on rank 1" in out        # the traceback is printed first
+    assert "unhandled RuntimeError on rank 1" in out
+
+
+@needs_mpirun
+def test_sys_exit_nonzero_on_one_rank_aborts_the_job(tmp_path):
+    rc, out, hung = mpirun(2, """
+        import sys, slasolve
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        if comm.rank == 1:
+            sys.exit(3)
+        comm.allreduce(1)
+    """, tmp_path=tmp_path)
+    assert_ended(rc, out, hung)
+    assert "called sys.exit(3)" in out and "rank(s) 0 did not reach" in out
+
+
+@needs_mpirun
+def test_ranks_exiting_together_with_nonzero_status_exit_cleanly(tmp_path):
+    rc, out, hung = mpirun(2, """
+        import sys, slasolve
+        from mpi4py import MPI
+        MPI.COMM_WORLD.allreduce(1)
+        sys.exit(3)
+    """, tmp_path=tmp_path)
+    assert_ended(rc, out, hung)
+    assert rc == 3 and "MPI_ABORT" not in out
+
+
+@needs_mpirun
+def test_rank_killed_mid_solve_ends_the_job(tmp_path):
+    rc, out, hung = mpirun(2, """
+        import os, signal, torch, slasolve
+        from mpi4py import MPI
+        from slasolve.testing import poisson_matrix
+        comm = MPI.COMM_WORLD
+        A = slasolve.DSparseTensor.from_global(poisson_matrix((20, 20)), comm)
+        b = torch.ones(A.n_local, dtype=torch.float64)
+        for it in range(1000):
+            if it == 3 and comm.rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            x = slasolve.solve(A, b, "cg", rtol=1e-8)
+    """, tmp_path=tmp_path)
+    assert_ended(rc, out, hung)
+
+
+# ------------------------------------------------------------------ exit watchdog
+@needs_mpirun
+def test_backward_on_some_ranks_only_is_reported_and_aborted(tmp_path):
+    """Ranks 0 and 1 call backward() (collective); rank 2 ends instead: its exit
+    watchdog names the missing ranks and aborts the job."""
+    rc, out, hung = mpirun(3, """
+        import torch, slasolve
+        from mpi4py import MPI
+        from slasolve.testing import poisson_matrix
+        comm = MPI.COMM_WORLD
+        A = slasolve.DSparseTensor.from_global(poisson_matrix((12, 12)), comm)
+        b = torch.ones(A.n_local, dtype=torch.float64, requires_grad=True)
+        x = slasolve.solve(A, b, "cg", rtol=1e-10)
+        loss = slasolve.global_sum((x * x).sum())
+        if comm.rank != 2:
+            loss.backward()
+    """, tmp_path=tmp_path, SLASOLVE_EXIT_TIMEOUT=3)
+    assert_ended(rc, out, hung)
+    assert "rank 2 of 3 ended normally, but rank(s) 0-1 did not reach the end" in out
+    assert "SLASOLVE_EXIT_TIMEOUT" in out
+
+
+@needs_mpirun
+def test_imbalanced_finish_within_the_timeout_is_not_an_error(tmp_path):
+    """Rank 0 works 2 s after the last collective while rank 1 is done: a normal
+    finish (the default timeout is generous; here it is set to 10 s)."""
+    rc, out, hung = mpirun(2, """
+        import time, slasolve
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        comm.allreduce(1)
+        if comm.rank == 0:
+            time.sleep(2)
+            print("rank 0 done")
+    """, tmp_path=tmp_path, SLASOLVE_EXIT_TIMEOUT=10)
+    assert_ended(rc, out, hung, nonzero=False)
+    assert rc == 0 and "rank 0 done" in out and "MPI_ABORT" not in out
+
+
+@needs_mpirun
+def test_bad_vector_on_one_rank_never_hangs(tmp_path):
+    """A wrong-length x on one rank in A @ x: either every rank raises ValueError, or the
+    job ends non-zero (the rank that raised alone exits, its watchdog aborts)."""
+    rc, out, hung = mpirun(2, """
+        import torch, slasolve
+        from mpi4py import MPI
+        from slasolve.testing import poisson_matrix
+        comm = MPI.COMM_WORLD
+        A = slasolve.DSparseTensor.from_global(poisson_matrix((8, 8)), comm)
+        x = torch.ones(A.n_local + (1 if comm.rank == 1 else 0), dtype=torch.float64)
+        try:
+            y = A @ x
+        except ValueError as e:
+            print(f"rank {comm.rank}: ValueError: {e}", flush=True)
+    """, tmp_path=tmp_path, SLASOLVE_EXIT_TIMEOUT=3)
+    assert_ended(rc, out, hung, nonzero=False)
+    assert rc != 0 or ("rank 0: ValueError" in out and "rank 1: ValueError" in out), out[-3000:]
+
+
+@needs_mpirun
+def test_petsc_use_on_one_rank_only_in_a_fresh_process(tmp_path):
+    """Rank 0 alone makes the first PETSc use of a fresh process (the torch backend's
+    ILU(0) is factored by PETSc) while rank 1 has already moved on to the next
+    collective. PETSc's start-up is collective; it happened at import, so this is a
+    purely local operation and the job finishes (lazily it hung)."""
+    pytest.importorskip("petsc4py")
+    rc, out, hung = mpirun(2, """
+        import torch, slasolve
+        from mpi4py import MPI
+        from slasolve.testing import poisson_matrix
+        comm = MPI.COMM_WORLD
+        ok = 1
+        if comm.rank == 0:
+            S = slasolve.SparseTensor.from_scipy(poisson_matrix((6, 6)))
+            x, info = slasolve.cg(S, torch.ones(36, dtype=torch.float64), pc="ilu", backend="torch", rtol=1e-10)
+            ok = int(info.converged)
+        print("converged on every rank:", comm.allreduce(ok) == comm.size, flush=True)
+    """, tmp_path=tmp_path, SLASOLVE_EXIT_TIMEOUT=3)
+    assert_ended(rc, out, hung, nonzero=False)
+    assert rc == 0 and "converged on every rank: True" in out, out[-3000:]
+
+
+# ------------------------------------------------------------------ opt-outs
+HOOKS = """
+    import sys, slasolve
+    from slasolve import _process
+    from mpi4py import MPI
+    print(f"rank {MPI.COMM_WORLD.rank}: hook={sys.excepthook is _process._excepthook} "
+          f"exit={sys.exit is _process._exit} watchdog={_process._state.watchdog} "
+          f"timeout={_process._state.timeout:g}", flush=True)
+    slasolve.abort_on_unhandled_exception(False)
+    print(f"rank {MPI.COMM_WORLD.rank}: after False: hook={sys.excepthook is _process._excepthook} "
+          f"exit={sys.exit is _process._exit}", flush=True)
+"""
+
+
+@needs_mpirun
+def test_hooks_installed_by_default_and_removable(tmp_path):
+    rc, out, hung = mpirun(2, HOOKS, tmp_path=tmp_path)
+    assert rc == 0, out[-3000:]
+    for r in range(2):
+        assert f"rank {r}: hook=True exit=True watchdog=True timeout=600" in out
+        assert f"rank {r}: after False: hook=False exit=False" in out
+
+
+@needs_mpirun
+def test_opt_out_env_vars(tmp_path):
+    rc, out, hung = mpirun(2, HOOKS, tmp_path=tmp_path, SLASOLVE_ABORT_ON_EXCEPTION=0, SLASOLVE_EXIT_TIMEOUT=0)
+    assert rc == 0, out[-3000:]
+    for r in range(2):
+        assert f"rank {r}: hook=False exit=False watchdog=True timeout=0" in out
+
+
+def test_one_rank_installs_nothing():
+    code = ("import sys, slasolve; from slasolve import _process; "
+            "print(sys.excepthook is sys.__excepthook__, _process._state.watchdog, sys.exit is _process._exit)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True", "False", "False"]
+
+
+def test_previous_excepthook_is_chained():
+    from slasolve import _process
+
+    seen = []
+    previous = _process._state.previous_hook
+    try:
+        _process._state.previous_hook = lambda *a: seen.append(a[0])
+        abort = _process._state.abort
+        _process._state.abort = False        # chain only; do not abort this pytest process
+        _process._excepthook(KeyError, KeyError("x"), None)
+        _process._state.abort = abort
+    finally:
+        _process._state.previous_hook = previous
+    assert seen == [KeyError]
+
+
+# ------------------------------------------------------------------ PETSc command line
+def test_petsc_sees_command_line_options():
+    pytest.importorskip("petsc4py")
+    code = textwrap.dedent("""
+        import slasolve
+        from petsc4py import PETSc
+        ksp = PETSc.KSP().create(PETSc.COMM_SELF)
+        ksp.setFromOptions()
+        print(PETSc.Options().getString("ksp_type"), ksp.getType(), PETSc.Options().getReal("ksp_rtol"))
+    """)
+    out = subprocess.run([sys.executable, "-c", code, "-ksp_type", "gmres", "-ksp_rtol", "1e-3"],
+                         capture_output=True, text=True, timeout=120, env=_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["gmres", "gmres", "0.001"]
+
+
+def test_petsc_initialised_by_the_user_first_is_left_alone():
+    pytest.importorskip("petsc4py")
+    code = textwrap.dedent("""
+        import sys, petsc4py
+        petsc4py.init(["prog", "-ksp_type", "bcgs"])
+        import slasolve
+        from petsc4py import PETSc
+        print(PETSc.Options().getString("ksp_type"), PETSc.Options().hasName("ksp_monitor"))
+    """)
+    out = subprocess.run([sys.executable, "-c", code, "-ksp_monitor"], capture_output=True, text=True,
+                         timeout=120, env=_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["bcgs", "False"]
+
+
+def test_split_petsc_args():
+    from slasolve._process import split_petsc_args
+
+    args = ["--n", "8", "-ksp_monitor", "-ksp_type", "gmres", "--check", "-ksp_rtol", "1e-8", "-log_view",
+            "--young", "-1", "-pc_type=gamg", "-help"]
+    petsc, rest = split_petsc_args(args, ["--n", "--check", "--young", "-h"])
+    assert petsc == ["-ksp_monitor", "-ksp_type", "gmres", "-ksp_rtol", "1e-8", "-log_view", "-pc_type=gamg",
+                     "-help"]
+    assert rest == ["--n", "8", "--check", "--young", "-1"]
+    assert split_petsc_args(["-h", "-x"], ["-h", "-x"]) == ([], ["-h", "-x"])
+
+
+# ------------------------------------------------------------------ examples' command lines
+@needs_mpirun
+def test_example_passes_petsc_options_through(tmp_path):
+    pytest.importorskip("petsc4py")
+    rc, out, hung = mpirun(2, open(os.path.join(ROOT, "examples", "fem_solve.py")).read(), "--n", "8",
+                           "-ksp_monitor", "-ksp_converged_reason", tmp_path=tmp_path, timeout=60)
+    assert rc == 0, out[-3000:]
+    assert "KSP Residual norm" in out and "L2 error" in out
+
+
+def test_example_rejects_unknown_options():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "fem_solve.py"), "--n", "8", "--bogus",
+                          "-ksp_monitor"], capture_output=True, text=True, timeout=120, env=_env())
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "unrecognized arguments: --bogus" in out.stderr and "single dash" in out.stderr
