@@ -447,8 +447,11 @@ def test_multiplicity_vs_lapack(comm, name):
     ref_w, ref_U = scipy.linalg.eigh(P.toarray(), None if Q is None else Q.toarray())
     dP = dist(P, comm)
     dQ = dist(Q, comm) if Q is not None else None
-    for k in ((6,) if Q is not None else (6, 4)):   # the native generalized Lanczos is slow
+    par = comm.Get_size() > 1
+    for k in ((6,) if Q is not None or par else (6, 4)):   # native generalized Lanczos is slow
         for backend, method, which, sigma in MULT_CASES:
+            if par and backend == "torch" and (method is not None or Q is not None):
+                continue     # serial runs cover these; the rank split is tested by the rest
             if name == "diag" and sigma is not None:
                 sigma = 1.2      # nearest: 1.0 (x10), then 1.5 ...
             expect = _wanted_ref(ref_w, k, which, sigma)
@@ -463,12 +466,12 @@ def test_multiplicity_vs_lapack(comm, name):
 @pytest.mark.mpi
 def test_multiplicity_sm_and_forced_methods(comm):
     """which='SM' (indefinite: Laplacian - 3.9 I) and SLEPc methods forced by petsc_options."""
-    P = laplacian((8, 8)) - 3.9 * sp.identity(64, format="csr")
+    P = laplacian((6, 6)) - 3.9 * sp.identity(36, format="csr")
     ref = scipy.linalg.eigh(P.toarray(), eigvals_only=True)
     dP = dist(P, comm)
     for backend in BACKENDS:
-        w = eigsh(dP, k=5, which="SM", backend=backend, tol=1e-10)[0]
-        np.testing.assert_allclose(w.numpy(), _wanted_ref(ref, 5, "SM", None), rtol=1e-8, atol=1e-10)
+        w = eigsh(dP, k=4, which="SM", backend=backend, tol=1e-10)[0]
+        np.testing.assert_allclose(w.numpy(), _wanted_ref(ref, 4, "SM", None), rtol=1e-8, atol=1e-10)
     A = laplacian((10, 10))
     ref = analytic((10, 10))
     dA = dist(A, comm)
@@ -641,7 +644,7 @@ def test_settings_must_agree_on_every_rank(comm):
         eigsh(dA, k=2, which="XX" if last else "SA")
     if size > 1:
         for kw in ({"k": 3 if last else 2}, {"which": "LA" if last else "SA"}, {"tol": 1e-6 if last else 1e-8},
-                   {"sigma": 0.5 if last else None}, {"backend": "torch" if last else "slepc"},
+                   {"sigma": 0.5 if last else None, "which": "LM"}, {"backend": "torch" if last else "slepc"},
                    {"petsc_options": {"eps_type": "lanczos"} if last else None},
                    {"return_info": last}, {"v0": torch.ones(dA.n_local, dtype=DT) if last else None}):
             args = dict(k=2, which="SA")
@@ -676,3 +679,55 @@ def test_no_petsc_object_leak():
     gc.collect()
     grow = comm.allreduce(rss() - r0, op=MPI.MAX)
     assert grow < 4 * 2 ** 20, f"RSS grew by {grow / 2**20:.1f} MiB over 200 calls"
+
+
+# ------------------------------------------------------------ call history
+@pytest.mark.mpi
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_call_history_equals_fresh(comm, backend):
+    """The same eigsh after other eigsh / solve calls on the same operator (other k, which,
+    sigma, options) and after value changes by every mutation path equals a fresh call
+    (a new tensor, no cached Mat / EPS / split values)."""
+    from slasolve.krylov import solve
+    rng = np.random.default_rng(11)
+    base = (laplacian((9, 7)) + sp.diags(rng.uniform(0, 0.5, 63))).tocsr()
+    base.sort_indices()
+    dA = dist(base, comm)
+    a, b = dA.row_range
+    lo, hi = int(base.indptr[a]), int(base.indptr[b])
+    kw = dict(k=3, which="SA", backend=backend, tol=1e-11)
+
+    def fresh(P):
+        return eigsh(dist(P, comm), **kw)
+
+    def same(got, ref):
+        np.testing.assert_allclose(got[0].numpy(), ref[0].numpy(), rtol=1e-10)
+        np.testing.assert_allclose(got[1].numpy(), ref[1].numpy(), atol=1e-7)
+
+    ref0 = fresh(base)
+    same(eigsh(dA, **kw), ref0)
+    for other in (dict(k=5, which="LA"), dict(k=2, sigma=1.3), dict(k=4, which="SA", ncv=12),
+                  dict(k=2, which="SA", petsc_options={"eps_type": "lobpcg"}, backend="slepc"),
+                  dict(k=2, which="LM", backend="torch", method="lanczos")):
+        eigsh(dA, **{"tol": 1e-8, "backend": backend, **other})
+        same(eigsh(dA, **kw), ref0)
+    solve(dA, torch.ones(dA.n_local, dtype=DT), rtol=1e-10)
+    same(eigsh(dA, **kw), ref0)
+
+    def changed(t):
+        P = (base + sp.diags(t * rng.uniform(0, 1, 63))).tocsr()
+        P.sort_indices()
+        return P, torch.tensor(P.data[lo:hi])
+
+    P, v = changed(0.3)
+    dA.values.copy_(v)                                   # in place (version counter bumps)
+    same(eigsh(dA, **kw), fresh(P))
+    P, v = changed(0.5)
+    dA.values.data[:] = v                                # .data write (no version bump)
+    same(eigsh(dA, **kw), fresh(P))
+    P, v = changed(0.7)
+    dA.values.numpy()[:] = v.numpy()                     # NumPy view write
+    same(eigsh(dA, **kw), fresh(P))
+    P, v = changed(0.9)
+    same(eigsh(dA.with_values(v), **kw), fresh(P))       # with_values
+    same(eigsh(dA.with_values(torch.tensor(base.data[lo:hi])), **kw), ref0)
