@@ -286,3 +286,55 @@ def test_check_collective_keeps_builtin_types(comm):
     with pytest.raises(ZeroDivisionError, match="zero"):
         check_collective(comm, err)
     still_alive(comm)
+
+
+# -- fem meshes ---------------------------------------------------------------------------
+@pytest.mark.parametrize("kw, exc, match", [
+    (dict(n=(4, 0)), ValueError, "n must be positive"),
+    (dict(cell="prism"), ValueError, "cell must be one of"),
+    (dict(upper=(1.0, float("nan"))), ValueError, "finite lower < upper"),
+    (dict(dtype=torch.int64), TypeError, "dtype"),
+    (dict(n="abc"), TypeError, "n must be an int or a sequence"),
+])
+def test_box_mesh_bad_on_one_rank(comm, kw, exc, match):
+    from slasolve.fem import box_mesh
+    args = dict(n=(4, 2 * comm.size), cell="triangle", comm=comm)
+    if comm.rank == bad_rank(comm):
+        args.update(kw)
+    with pytest.raises(exc, match=match):
+        box_mesh(**args)
+    still_alive(comm)
+
+
+def test_box_mesh_different_on_one_rank(comm):
+    """Valid on every rank, but not the same box: every rank raises, naming the argument."""
+    from slasolve.fem import box_mesh
+    needs_two(comm)
+    n = (4 if comm.rank != bad_rank(comm) else 5, 2 * comm.size)
+    with pytest.raises(ValueError, match="differ: n"):
+        box_mesh(n, cell="quad", comm=comm)
+    still_alive(comm)
+
+
+def test_read_mesh_bad_args_on_one_rank(comm, tmp_path):
+    from slasolve.fem import read_mesh
+    path = str(tmp_path / "never_read.vtu")   # validation comes before any file access
+    with pytest.raises(TypeError, match="dtype"):
+        read_mesh(path, comm=comm, dtype=torch.int32 if comm.rank == bad_rank(comm) else torch.float64)
+    if comm.size > 1:
+        with pytest.raises(ValueError, match="partition"):
+            read_mesh(path, comm=comm, partition="rcb" if comm.rank == bad_rank(comm) else "metis")
+    still_alive(comm)
+
+
+def test_write_mesh_mode_differs_on_one_rank(comm, tmp_path):
+    """gather=True on one rank only (or another path) would mismatch the collectives of the
+    two modes: every rank raises instead, before anything is written."""
+    from slasolve.fem import box_mesh, write_mesh
+    needs_two(comm)
+    mesh = box_mesh((3, 2 * comm.size), cell="quad", comm=comm)
+    path = str(tmp_path / "out.pvtu")    # per-rank directories: nothing may be written anyway
+    with pytest.raises(ValueError, match="differ"):
+        write_mesh(path, mesh, gather=comm.rank == bad_rank(comm))
+    assert not (tmp_path / "out.pvtu").exists() and list(tmp_path.iterdir()) == []
+    still_alive(comm)

@@ -148,8 +148,8 @@ def _box_args(n, lower, upper, cell, dtype, size):
     else:
         try:
             shape = tuple(int(v) for v in n)
-        except TypeError:
-            raise TypeError(f"n must be an int or a sequence of {dim} ints, got {type(n).__name__}") from None
+        except (TypeError, ValueError):
+            raise TypeError(f"n must be an int or a sequence of {dim} ints, got {n!r}") from None
         if len(shape) != dim:
             raise ValueError(f"n must have {dim} entries for cell {cell!r}, got {len(shape)}")
     if min(shape) < 1:
