@@ -10,6 +10,7 @@ from them by index, so gradients reach ``values`` directly.
 from __future__ import annotations
 
 import operator
+import warnings
 from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
@@ -24,13 +25,8 @@ from .sparse import Pattern, SparseTensor, _csr_mv, _csr_value_grad
 
 __all__ = ["DSparseTensor"]
 
-
-def _block_scalar(pattern: Pattern, values: torch.Tensor, block: Tuple[int, ...]):
-    """Scalar pattern, scalar values and the value permutation of a (block) pattern."""
-    if not block:
-        return pattern, values, None
-    ps, perm = pattern.scalar(*block)
-    return ps, values.reshape(-1)[perm], perm
+# torch's CPU BSR kernel (used for block products, no value gather) works; its "beta" notice is noise
+warnings.filterwarnings("ignore", message="Sparse BSR tensor support is in beta state")
 
 
 def _unscalar_grad(gs: torch.Tensor, perm, nnz: int, block) -> torch.Tensor:
@@ -73,8 +69,56 @@ class _RowLayout:
         self.offd = sub_pattern(self.offd_pos, torch.searchsorted(self.ghost_ids, offd_cols),
                                 int(self.ghost_ids.numel()))
         self.halo = HaloPlan(comm, (self.cstart, self.cend), self.ghost_ids, offsets=self.col_offsets)
+        self._bulk_patterns(pattern, rows, in_diag, n_loc_rows, n_loc_cols)
+        self._transposed = None
         self.petsc_mat = None
         self.petsc_filled_from = None
+
+    def _bulk_patterns(self, pattern: Pattern, rows, in_diag, n_loc_rows: int, n_loc_cols: int) -> None:
+        """Index arrays for products straight from the values in CSR order (see
+        :func:`_forward_product`): patterns only, never values."""
+        self.n_offd = int(self.offd_pos.numel())
+        self.off_row = rows[self.offd_pos]
+        self.off_col = self.offd.indices
+        self.recompute = False
+        if self.n_offd == 0:
+            return
+        cols = pattern.indices
+        local = cols - self.cstart
+        brows = torch.unique(self.off_row, sorted=True)
+        in_b = torch.zeros(n_loc_rows, dtype=torch.bool, device=cols.device)
+        in_b[brows] = True
+        entry_in_b = in_b[rows]
+        # recomputing the boundary rows costs about their entries; the zero-slot copy of x
+        # costs n_loc_cols: recompute when boundary rows hold few entries
+        self.recompute = n_loc_cols > 0 and int(entry_in_b.sum()) * 4 <= pattern.nnz
+        if self.recompute:
+            self.bulk = Pattern(pattern.indptr, torch.where(in_diag, local, 0), n_loc_rows, n_loc_cols)
+            self.brows = brows
+            bd_pos = torch.nonzero(in_diag & entry_in_b).flatten()
+        else:
+            self.bulk = Pattern(pattern.indptr, torch.where(in_diag, local, n_loc_cols),
+                                n_loc_rows, n_loc_cols + 1)
+            bd_pos = self.offd_pos[:0]
+        # entries added after the exchange: fix_pos = [boundary owned-column entries, ghost entries]
+        self.n_bd = int(bd_pos.numel())
+        self.bd_col = local[bd_pos]
+        self.fix_pos = torch.cat([bd_pos, self.offd_pos])
+        self.fix_row = rows[self.fix_pos]
+        self._slot = (pattern.indptr, torch.where(in_diag, local, n_loc_cols), n_loc_rows, n_loc_cols + 1)
+
+    def transposed(self) -> Tuple[Pattern, torch.Tensor]:
+        """``(scalar pattern of A_diag^T with one extra zero row, perm)``: the transposed
+        diagonal-block product's values are ``values.reshape(-1)[perm]``."""
+        if self._transposed is None:
+            P = self.diag if self.n_offd == 0 else Pattern(*self._slot)
+            if self.block:
+                ps, perm_s = P.scalar(*self.block)
+            else:
+                ps, perm_s = P, None
+            pt, perm_t = ps.transpose()
+            self._transposed = (pt, perm_t if perm_s is None else perm_s[perm_t])
+        return self._transposed
 
     @property
     def bc(self) -> int:
@@ -85,87 +129,99 @@ class _RowLayout:
         return self.block[0] if self.block else 1
 
 
-class _SplitValues:
-    """The scalar values of the diagonal and off-diagonal blocks (and of their
-    transposes) for one ``values`` tensor, gathered once and reused by every
-    product until the values change (in-place changes bump ``_version``).
+def _mv(pattern: Pattern, values: torch.Tensor, x: torch.Tensor, block) -> torch.Tensor:
+    """``A x`` with ``values`` exactly as stored (CSR, or BSR for blocks): no gather."""
+    if not block:
+        return _csr_mv(pattern, values, x)
+    br, bc = block
+    if pattern.nnz == 0 or pattern.M == 0:
+        return x.new_zeros((pattern.M * br,) + tuple(x.shape[1:]))
+    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
+        indptr, indices = pattern.csr32()
+        A = torch.sparse_bsr_tensor(indptr, indices, values.contiguous(), size=(pattern.M * br, pattern.N * bc),
+                                    check_invariants=False)
+        return A @ x
+    ps, perm = pattern.scalar(br, bc)  # no BSR kernel for this dtype/device: gather per call
+    return _csr_mv(ps, values.reshape(-1)[perm], x)
 
-    Gathering 5M values costs several SpMVs, so the matvec path must not do it
-    per call. When every stored entry lies in the diagonal block (one rank, or
-    a rank without ghost columns) the values are used as they are, no copy.
-    Changes made through ``values.data`` are invisible to the version counter;
-    use in-place ops or :meth:`DSparseTensor.with_values`.
+
+def _entry_products(v: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
+    """Per stored entry ``v_e @ x_e``: ``v`` (m, br, bc), ``xb`` (m, bc, K) -> (m, br, K)."""
+    if v.shape[1] == 1 and v.shape[2] == 1:
+        return v * xb
+    return torch.bmm(v, xb)
+
+
+def _forward_product(L: "_RowLayout", values: torch.Tensor, x: torch.Tensor):
+    """``(A x, x_ghost)`` from the values as they are now (no cache that can go stale).
+
+    The halo exchange is overlapped with the bulk product. When the rank has ghost
+    columns, the bulk product runs over all local entries in CSR order, either with
+    the ghost columns pointed at column 0 and the few *boundary rows* (rows with a
+    ghost entry) recomputed exactly afterwards from gathered boundary entries, or,
+    when boundary rows hold most entries, on ``[x; 0]`` with the ghost columns
+    pointed at the zero slot. Either way no O(nnz) gather per product.
     """
-
-    __slots__ = ("layout", "values", "key", "_cache")
-
-    def __init__(self, layout: "_RowLayout", values: torch.Tensor):
-        self.layout = layout
-        self.values = values.detach()
-        self.key = (values._version, values.data_ptr(), values.dtype, values.device)
-        self._cache = {}
-
-    def valid_for(self, values: torch.Tensor) -> bool:
-        return self.key == (values._version, values.data_ptr(), values.dtype, values.device)
-
-    def get(self, which: str):
-        """``(scalar pattern, scalar values)`` of ``"d"``, ``"o"``, ``"dT"``, ``"oT"``."""
-        c = self._cache.get(which)
-        if c is None:
-            L = self.layout
-            if which in ("d", "o"):
-                pattern, pos = (L.diag, L.diag_pos) if which == "d" else (L.offd, L.offd_pos)
-                if pos.numel() == self.values.shape[0]:
-                    v = self.values  # every entry is in this block: CSR order unchanged
-                else:
-                    v = self.values.index_select(0, pos)
-                ps, vs, _ = _block_scalar(pattern, v, L.block)
-                c = (ps, vs)
-            else:
-                ps, vs = self.get(which[0])
-                pt, perm = ps.transpose()
-                c = (pt, vs.index_select(0, perm))
-            self._cache[which] = c
-        return c
-
-
-def _forward_product(L: "_RowLayout", S: _SplitValues, x: torch.Tensor):
-    """``(A x, x_ghost)``: halo exchange overlapped with the diagonal-block product."""
     trailing = tuple(x.shape[1:])
+    K = int(np.prod(trailing, dtype=np.int64))
     halo = L.halo
+    br, bc = L.br, L.bc
+    n_cols = L.cend - L.cstart
     exchange = halo.n_ghost or halo.n_send
     if exchange:
-        pending = halo.start_forward(x.reshape((L.cend - L.cstart, L.bc) + trailing))
-    pd, vd = S.get("d")
-    y = _csr_mv(pd, vd, x)
+        pending = halo.start_forward(x.reshape((n_cols, bc) + trailing))
+    if L.n_offd == 0:
+        y = _mv(L.diag, values, x, L.block)
+    elif L.recompute:
+        y = _mv(L.bulk, values, x, L.block)
+    else:
+        xe = x.new_zeros(((n_cols + 1) * bc,) + trailing)
+        xe[:n_cols * bc] = x
+        y = _mv(L.bulk, values, xe, L.block)
     if not exchange:
         return y, x.new_zeros((0,) + trailing)
-    xg = halo.finish(pending).reshape((halo.n_ghost * L.bc,) + trailing)
-    po, vo = S.get("o")
-    if po.nnz:
-        if po.nnz < po.M:
-            # few ghost couplings (the usual case): touch only the stored entries,
-            # as PETSc's compressed-row off-diagonal block does, not every row
-            prod = xg.index_select(0, po.indices)
-            prod = prod * (vo if prod.dim() == 1 else vo[:, None])
-            y.index_add_(0, po.rows(), prod)
+    xg = halo.finish(pending).reshape((halo.n_ghost * bc,) + trailing)
+    if L.n_offd:
+        # the entries to (re)compute: the boundary rows' owned-column entries (recompute
+        # mode) and the ghost entries, multiplied with gathered x / ghost rows
+        vb = values.index_select(0, L.fix_pos)
+        if L.block:
+            xs = x.new_empty((L.fix_pos.numel(), bc, K))
+            torch.index_select(x.reshape(n_cols, bc, K), 0, L.bd_col, out=xs[:L.n_bd])
+            torch.index_select(xg.reshape(halo.n_ghost, bc, K), 0, L.off_col, out=xs[L.n_bd:])
+            prod = torch.bmm(vb, xs)
+            yv = y.view(L.rend - L.rstart, br, K)
         else:
-            y = y + _csr_mv(po, vo, xg)
+            xs = x.new_empty((L.fix_pos.numel(),) + trailing)
+            torch.index_select(x, 0, L.bd_col, out=xs[:L.n_bd])
+            torch.index_select(xg, 0, L.off_col, out=xs[L.n_bd:])
+            prod = vb * xs if xs.dim() == 1 else vb[:, None] * xs
+            yv = y
+        if L.recompute:
+            yv.index_fill_(0, L.brows, 0)
+        yv.index_add_(0, L.fix_row, prod)
     return y, xg
 
 
-def _reverse_product(L: "_RowLayout", S: _SplitValues, y: torch.Tensor) -> torch.Tensor:
+def _reverse_product(L: "_RowLayout", values: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``A^T y`` on the owned columns: reverse halo of the off-diagonal products,
-    overlapped with the transposed diagonal-block product."""
+    overlapped with the transposed diagonal-block product. Transposed values are
+    gathered per call (not the hot path; nothing cached can go stale)."""
     trailing = tuple(y.shape[1:])
+    K = int(np.prod(trailing, dtype=np.int64))
     halo = L.halo
+    br, bc = L.br, L.bc
+    n_cols = L.cend - L.cstart
     exchange = halo.n_ghost or halo.n_send
     if exchange:
-        poT, voT = S.get("oT")
-        tg = _csr_mv(poT, voT, y) if poT.nnz else y.new_zeros((poT.M,) + trailing)
-        pending = halo.start_reverse(tg.reshape((halo.n_ghost, L.bc) + trailing))
-    pdT, vdT = S.get("dT")
-    out = _csr_mv(pdT, vdT, y)
+        tg = y.new_zeros((halo.n_ghost, bc, K))
+        if L.n_offd:
+            vo = values.view(-1, br, bc).index_select(0, L.offd_pos)
+            yo = y.reshape(L.rend - L.rstart, br, K).index_select(0, L.off_row)
+            tg.index_add_(0, L.off_col, _entry_products(vo.transpose(1, 2), yo))
+        pending = halo.start_reverse(tg.reshape((halo.n_ghost, bc) + trailing))
+    pt, perm = L.transposed()
+    out = _csr_mv(pt, values.reshape(-1).index_select(0, perm), y)[:n_cols * bc]
     if exchange:
         out = out + halo.finish(pending).reshape(out.shape)
     return out
@@ -188,42 +244,42 @@ class _RowShardMatVec(torch.autograd.Function):
     """y = A_diag x + A_offd x_ghost, halo exchange overlapped with the diagonal product."""
 
     @staticmethod
-    def forward(ctx, values, x, layout, split):
-        y, xg = _forward_product(layout, split, x)
-        ctx.layout, ctx.split = layout, split
+    def forward(ctx, values, x, layout):
+        y, xg = _forward_product(layout, values, x)
+        ctx.layout = layout
         ctx.save_for_backward(values, x, xg)
         return y
 
     @staticmethod
     def backward(ctx, g):
-        L, S = ctx.layout, ctx.split
+        L = ctx.layout
         values, x, xg = ctx.saved_tensors
         g = g.contiguous()
-        gx = _reverse_product(L, S, g) if ctx.needs_input_grad[1] else None
+        gx = _reverse_product(L, values.detach(), g) if ctx.needs_input_grad[1] else None
         gv = _values_grad(L, values, g, x, xg) if ctx.needs_input_grad[0] else None
-        return gv, gx, None, None
+        return gv, gx, None
 
 
 class _RowShardRMatVec(torch.autograd.Function):
     """A^T y = A_diag^T y + reverse halo of A_offd^T y."""
 
     @staticmethod
-    def forward(ctx, values, y, layout, split):
-        out = _reverse_product(layout, split, y)
-        ctx.layout, ctx.split = layout, split
+    def forward(ctx, values, y, layout):
+        out = _reverse_product(layout, values, y)
+        ctx.layout = layout
         ctx.save_for_backward(values, y)
         return out
 
     @staticmethod
     def backward(ctx, g):
-        L, S = ctx.layout, ctx.split
+        L = ctx.layout
         values, y = ctx.saved_tensors
         g = g.contiguous()
         if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
-            return None, None, None, None
-        gy, gg = _forward_product(L, S, g)  # A g, and the ghost rows of g
+            return None, None, None
+        gy, gg = _forward_product(L, values.detach(), g)  # A g, and the ghost rows of g
         gv = _values_grad(L, values, y, g, gg) if ctx.needs_input_grad[0] else None
-        return gv, (gy if ctx.needs_input_grad[1] else None), None, None
+        return gv, (gy if ctx.needs_input_grad[1] else None), None
 
 
 class _AllreduceSum(torch.autograd.Function):
@@ -290,7 +346,6 @@ class DSparseTensor:
         self._local = local
         self._spec = spec
         self._layout = _layout
-        self._split_cache: Optional[_SplitValues] = None
         nbatch = len(local.batch_shape)
         if spec.placement.is_row_shard(nbatch) and _layout is None:
             offs = spec.offsets
@@ -678,13 +733,16 @@ class DSparseTensor:
         if check_dtype and x.dtype != self.dtype:
             raise TypeError(f"dtype mismatch: matrix is {self.dtype}, {what} is {x.dtype}")
 
-    def _split(self) -> _SplitValues:
-        """The gathered block values for the current ``values`` (cached; see :class:`_SplitValues`)."""
-        S = self._split_cache
-        v = self._local.values
-        if S is None or not S.valid_for(v):
-            S = self._split_cache = _SplitValues(self._layout, v)
-        return S
+    def _checked(self, v, n: int, what: str, forward: bool) -> None:
+        """Check a row-shard product's vector; a bad one still takes part in the halo
+        exchange (poison messages), so the neighbours raise too instead of waiting."""
+        try:
+            self._check_vec(v, n, what)
+        except (TypeError, ValueError) as e:
+            halo = self._layout.halo
+            if halo.n_ghost or halo.n_send:
+                halo.finish(halo.start_forward(None, error=e) if forward else halo.start_reverse(None, error=e))
+            raise
 
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         """Collective. ``dA @ x`` dispatched by placement; differentiable in values and ``x``.
@@ -693,17 +751,32 @@ class DSparseTensor:
         the result the owned rows. Column shard: ``x`` owned columns, result
         replicated (Allreduce). Replicated / batch shard: local products.
 
-        The shape/dtype check of ``x`` is local (no communication, so it costs
-        nothing per call): it raises before any communication on every rank that
-        passes a bad ``x``. Every rank must pass a valid ``x``; a rank that raises
-        while the others go on leaves them waiting in the halo exchange.
+        Every product uses the values ``dA.values`` holds at call time (in-place
+        and ``.data`` changes included). The check of ``x`` costs no extra
+        communication: a rank whose ``x`` has the wrong shape or dtype still takes
+        part in the halo exchange, sending poison messages, and raises; its
+        neighbours find the poison (or a message whose dtype or number of columns
+        differs from theirs, e.g. ``(n, 1)`` here and ``(n, 2)`` there, or a matrix
+        cast with :meth:`to` on one rank) and raise ``ValueError`` naming it.
+        Ranks that exchange nothing with it cannot know and return; the unhandled
+        exception on the others then aborts the job under ``mpirun``
+        (:func:`slasolve.abort_on_unhandled_exception`). Column shard: the check
+        rides on one small Allreduce.
         """
         pl = self.placement
         if self._layout is not None:
             L = self._layout
-            self._check_vec(x, (L.cend - L.cstart) * L.bc, "x")
-            return _RowShardMatVec.apply(self.values, x, L, self._split())
+            self._checked(x, (L.cend - L.cstart) * L.bc, "x", True)
+            return _RowShardMatVec.apply(self.values, x, L)
         if isinstance(pl, SparseShard):  # column shard
+            err = None
+            try:
+                self._check_vec(x, self._local.matrix_shape[1], "x")
+            except (TypeError, ValueError) as e:
+                err = e
+            agree = {"x columns": tuple(x.shape[1:]) if isinstance(x, torch.Tensor) else None,
+                     "dtype": str(self.dtype)}
+            check_collective(self.comm, err, agree=agree)
             return _AllreduceSum.apply(self._local.matvec(x), self.comm)
         return self._local.matvec(x)
 
@@ -712,14 +785,14 @@ class DSparseTensor:
 
         Row shard: ``y`` holds the owned rows, the result the owned columns
         (reverse halo exchange of the off-diagonal products). Column shard: ``y``
-        replicated, result the owned columns. The check of ``y`` is local, as in
-        :meth:`matvec`.
+        replicated, result the owned columns. ``y`` is checked as ``x`` is in
+        :meth:`matvec` (a bad ``y`` poisons the reverse exchange).
         """
         pl = self.placement
         if self._layout is not None:
             L = self._layout
-            self._check_vec(y, (L.rend - L.rstart) * L.br, "y")
-            return _RowShardRMatVec.apply(self.values, y, L, self._split())
+            self._checked(y, (L.rend - L.rstart) * L.br, "y", False)
+            return _RowShardRMatVec.apply(self.values, y, L)
         if isinstance(pl, SparseShard):  # column shard: y replicated, result owned columns
             return self._local.T.matvec(_ReplicatedInput.apply(y, self.comm))
         return self._local.T.matvec(y)

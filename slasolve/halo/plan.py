@@ -9,6 +9,7 @@ requested ids, and preallocates the buffers. Exchanges are mpi4py ``Isend`` /
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -20,15 +21,70 @@ from .._comm import check_collective, ownership_offsets
 __all__ = ["HaloPlan", "halo_forward", "halo_reverse"]
 
 _TAG_PLAN, _TAG_FWD, _TAG_REV = 71, 72, 73
+_HEADER = 2  # int64 words in front of every exchange message: (plan id, kind), signature
+_POISON = -1  # signature of a message from a rank whose input was invalid
+
+
+class _Inner:
+    """The duplicated communicator that every plan on one parent communicator shares."""
+
+    __slots__ = ("comm", "plans")
+
+    def __init__(self, comm: MPI.Comm):
+        self.comm = comm
+        self.plans = 0  # plans created so far: the next plan's id (equal on every rank)
+
+
+def _free_inner(comm, keyval, inner) -> None:
+    # MPI calls this when the parent communicator is freed (or its attribute deleted)
+    if isinstance(inner, _Inner) and inner.comm != MPI.COMM_NULL and not MPI.Is_finalized():
+        inner.comm.Free()
+
+
+_KEYVAL: Optional[int] = None
+
+
+def _inner_comm(comm: MPI.Comm) -> _Inner:
+    """Collective on first use per ``comm``. The halo communicator of ``comm``.
+
+    As PETSc does with its inner communicator: one ``Dup`` per parent communicator,
+    cached as an MPI attribute on the parent and freed with it, so halo messages
+    never match the user's and creating plans creates no communicators. The plans
+    on one communicator share it; SPMD order (plans are built collectively, and
+    MPI never reorders messages between two ranks with the same tag) keeps their
+    exchanges matched, and the plan id in each message header catches misuse.
+    """
+    global _KEYVAL
+    if _KEYVAL is None:
+        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_free_inner)
+    inner = comm.Get_attr(_KEYVAL)
+    if inner is None:
+        dup = comm.Dup()
+        dup.Set_errhandler(MPI.ERRORS_RETURN)  # a truncated message must raise, not abort
+        inner = _Inner(dup)
+        comm.Set_attr(_KEYVAL, inner)
+    return inner
+
+
+def _signature(dtype: np.dtype, width: int) -> int:
+    """What a message's rows hold: element type and items per row (-1: poison)."""
+    return (ord(dtype.char) << 40) | (np.dtype(dtype).itemsize << 32) | int(width)
+
+
+def _describe(sig: int) -> str:
+    if sig == _POISON:
+        return "an invalid input"
+    return f"dtype {np.dtype(chr(sig >> 40))} with {sig & 0xFFFFFFFF} item(s) per row"
 
 
 class _Pending:
     """An exchange in flight: requests, receive buffer and how to finish it."""
 
-    __slots__ = ("requests", "recvbuf", "kind", "like", "keep")
+    __slots__ = ("requests", "recvbuf", "kind", "like", "keep", "layout", "dtype", "trailing", "error")
 
-    def __init__(self, requests, recvbuf, kind, like, keep):
+    def __init__(self, requests, recvbuf, kind, like, keep, layout, dtype, trailing, error):
         self.requests, self.recvbuf, self.kind, self.like, self.keep = requests, recvbuf, kind, like, keep
+        self.layout, self.dtype, self.trailing, self.error = layout, dtype, trailing, error
 
 
 class HaloPlan:
@@ -38,7 +94,7 @@ class HaloPlan:
     ----------
     comm : MPI.Comm
     owned_range : (int, int)
-        This rank owns global ids ``[start, end)``.
+        This rank owns global ids ``[start, end)`` (possibly none).
     ghost_ids : int tensor or array
         Sorted, unique global ids this rank needs copies of (none of them owned).
     offsets : array, optional
@@ -49,7 +105,19 @@ class HaloPlan:
     ``forward(x_owned)`` returns ghost copies ``(n_ghost, ...)``;
     ``reverse(g_ghost)`` returns the owners' summed contributions ``(n_owned, ...)``.
     Each is the adjoint of the other, and both are differentiable.
-    The plan duplicates ``comm`` so its messages never match anybody else's.
+
+    Messages travel on one duplicate of ``comm`` shared by every plan on ``comm``
+    (cached on ``comm`` as an MPI attribute and freed with it), so they never match
+    anybody else's and building plans creates no communicators. Each message
+    carries a 16-byte header (plan id, element type, items per row). A rank whose
+    input is invalid still takes part in the exchange and sends a *poison* header;
+    every rank that receives a poison, a header that differs from its own (another
+    dtype or number of columns) or a message of the wrong length raises
+    ``ValueError`` naming the sending rank, after the exchange completed (so no
+    message is left behind). Ranks that exchange nothing with the failing rank
+    cannot know; they return normally, and the job relies on the unhandled
+    exception on the other ranks aborting it
+    (:func:`slasolve.abort_on_unhandled_exception`, the default under ``mpirun``).
     """
 
     def __init__(self, comm: MPI.Comm, owned_range: Tuple[int, int], ghost_ids,
@@ -62,7 +130,9 @@ class HaloPlan:
             offsets = ownership_offsets(comm, end - start)
         offsets = np.asarray(offsets, dtype=np.int64)
         err = None
-        if offsets[comm.Get_rank()] != start or offsets[comm.Get_rank() + 1] != end:
+        if offsets.shape != (size + 1,):
+            err = ValueError(f"offsets must have size+1 = {size + 1} entries, got {offsets.shape}")
+        elif offsets[comm.Get_rank()] != start or offsets[comm.Get_rank() + 1] != end:
             err = ValueError(f"owned_range {owned_range} is not contiguous with the other ranks' ranges")
         elif ghosts.size and (ghosts.min() < 0 or ghosts.max() >= offsets[-1]):
             err = ValueError(f"ghost_ids out of range [0, {offsets[-1]})")
@@ -70,9 +140,16 @@ class HaloPlan:
             err = ValueError("ghost_ids must be sorted and unique")
         elif ghosts.size and ((ghosts >= start) & (ghosts < end)).any():
             err = ValueError("ghost_ids contains ids owned by this rank")
-        check_collective(comm, err)
+        check_collective(comm, err, agree={"offsets": tuple(offsets.tolist())})
 
-        self.comm = comm.Dup() if size > 1 else comm
+        self.parent = comm
+        if size > 1:
+            inner = _inner_comm(comm)
+            self.comm = inner.comm
+            self.plan_id = inner.plans
+            inner.plans += 1
+        else:
+            self.comm, self.plan_id = comm, 0
         self.owned_range = (start, end)
         self.n_owned = end - start
         self.n_ghost = int(ghosts.size)
@@ -97,6 +174,7 @@ class HaloPlan:
         reqs = [self.comm.Irecv(send_ids[a:b], source=r, tag=_TAG_PLAN) for r, a, b in self._send_slices]
         reqs += [self.comm.Isend(ghosts[a:b], dest=r, tag=_TAG_PLAN) for r, a, b in self._recv_slices]
         MPI.Request.Waitall(reqs)
+        self._layouts: Dict[tuple, tuple] = {}
         self.send_idx = torch.from_numpy(send_ids - start)
         self.n_send = int(send_ids.size)
         self._send_idx_np = self.send_idx.numpy()
@@ -108,47 +186,162 @@ class HaloPlan:
         return sorted(set(self.recv_ranks) | set(self.send_ranks))
 
     def bytes_per_exchange(self, itemsize: int = 8, width: int = 1) -> Dict[str, int]:
-        """Local. Bytes this rank sends and receives in one forward exchange
-        (reverse is the mirror) of entries of ``width`` items of ``itemsize`` bytes."""
+        """Local. Bytes of entries this rank sends and receives in one forward exchange
+        (reverse is the mirror) of entries of ``width`` items of ``itemsize`` bytes
+        (each message also carries a 16-byte header)."""
         return {"send": self.n_send * itemsize * width, "recv": self.n_ghost * itemsize * width,
                 "messages_send": len(self.send_ranks), "messages_recv": len(self.recv_ranks)}
 
     # -- raw exchanges (no autograd) ----------------------------------------
-    def _check_first_dim(self, t: torch.Tensor, n: int, what: str) -> None:
+    def _first_dim_error(self, t, n: int, what: str) -> Optional[Exception]:
+        if not isinstance(t, torch.Tensor):
+            return TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() < 1 or t.shape[0] != n:
-            raise ValueError(f"{what} must have {n} rows along dim 0, got shape {tuple(t.shape)}")
+            return ValueError(f"{what} must have {n} rows along dim 0, got shape {tuple(t.shape)}")
+        return None
 
-    def start_forward(self, x_owned: torch.Tensor) -> _Pending:
-        """Collective (non-blocking). Start owner -> ghost copies of ``x_owned`` rows."""
-        self._check_first_dim(x_owned, self.n_owned, "x_owned")
-        xs = x_owned.detach()
-        trailing = tuple(xs.shape[1:])
-        xn = xs.to("cpu").numpy() if xs.device.type != "cpu" else xs.numpy()
-        sendbuf = np.take(xn, self._send_idx_np, axis=0) if self.n_send else None
-        recvbuf = np.empty((self.n_ghost,) + trailing, dtype=xn.dtype)
+    def _layout_for(self, kind: int, dtype: np.dtype, trailing: tuple, poison: bool):
+        """Byte offsets, header and signature of one exchange's messages (cached)."""
+        key = (kind, dtype, trailing, poison)
+        lay = self._layouts.get(key)
+        if lay is None:
+            send_slices, recv_slices = ((self._send_slices, self._recv_slices) if kind == 0
+                                        else (self._recv_slices, self._send_slices))
+            sig = _POISON if poison else _signature(dtype, math.prod(trailing))
+            rowbytes = dtype.itemsize * math.prod(trailing)
+            recv, o = [], 0
+            for r, a, b in recv_slices:
+                recv.append((r, o, o + 16 + (b - a) * rowbytes))
+                o = recv[-1][2]
+            send, s = [], 0
+            for r, a, b in send_slices:
+                send.append((r, a, b, s, s + 16 + (0 if poison else (b - a) * rowbytes)))
+                s = send[-1][4]
+            hdr = np.array([self.plan_id * 2 + kind, sig], dtype=np.int64).view(np.uint8)
+            lay = self._layouts[key] = (recv, o, send, s, hdr, hdr.tobytes(), sig)
+        return lay
+
+    def _start(self, t, n_rows: int, what: str, kind: int, send_idx, error: Optional[Exception]) -> _Pending:
+        """Post the receives and sends of one exchange (``kind``: 0 forward, 1 reverse).
+
+        Every message is ``[16-byte header | rows]``. ``send_idx``: rows of ``t`` to
+        send (None: the rows in order). With an ``error`` (or an invalid ``t``) the
+        sends are bare poison headers; the receives are posted all the same, so
+        every message of this exchange is consumed.
+        """
+        if error is None:
+            error = self._first_dim_error(t, n_rows, what)
+        tn = None
+        if error is None:
+            try:
+                ts = t.detach()
+                tn = ts.numpy() if ts.device.type == "cpu" else ts.to("cpu").numpy()
+                trailing, dtype = tuple(ts.shape[1:]), tn.dtype
+            except Exception as e:  # never leave the neighbours waiting: poison instead
+                error, tn = e, None
+        if error is not None:
+            ts = t.detach() if isinstance(t, torch.Tensor) else torch.zeros(0)
+            trailing, dtype = (), np.dtype(np.float64)
+        lay = self._layout_for(kind, dtype, trailing, error is not None)
+        recv, nrecv, send, nsend, hdr = lay[:5]
         comm = self.comm
-        reqs = [comm.Irecv(recvbuf[a:b], source=r, tag=_TAG_FWD) for r, a, b in self._recv_slices]
-        reqs += [comm.Isend(sendbuf[a:b], dest=r, tag=_TAG_FWD) for r, a, b in self._send_slices]
-        return _Pending(reqs, recvbuf, "forward", xs, sendbuf)
+        tag = _TAG_FWD + kind
+        recvbuf = np.empty(nrecv, dtype=np.uint8)
+        reqs = []
+        sendbuf = np.empty(nsend, dtype=np.uint8)
+        for r, a, b, o, e in send:
+            seg = sendbuf[o:e]
+            seg[:16] = hdr
+            if tn is not None:
+                rows = seg[16:].view(dtype).reshape((b - a,) + trailing)
+                if send_idx is None:
+                    rows[...] = tn[a:b]
+                else:
+                    np.take(tn, send_idx[a:b], axis=0, out=rows)
+            reqs.append(comm.Isend([seg, MPI.BYTE], dest=r, tag=tag))
+        return _Pending(reqs, recvbuf, kind, ts, sendbuf, lay, dtype, trailing, error)
 
-    def start_reverse(self, g_ghost: torch.Tensor) -> _Pending:
+    def start_forward(self, x_owned: torch.Tensor, error: Optional[Exception] = None) -> _Pending:
+        """Collective (non-blocking). Start owner -> ghost copies of ``x_owned`` rows.
+
+        A rank with an invalid ``x_owned`` (or passing ``error``) still takes part:
+        it sends poison headers, and :meth:`finish` raises there and on its neighbours.
+        """
+        return self._start(x_owned, self.n_owned, "x_owned", 0, self._send_idx_np if self.n_send else None,
+                           error)
+
+    def start_reverse(self, g_ghost: torch.Tensor, error: Optional[Exception] = None) -> _Pending:
         """Collective (non-blocking). Start sending ghost contributions to their owners."""
-        self._check_first_dim(g_ghost, self.n_ghost, "g_ghost")
-        gs = g_ghost.detach()
-        trailing = tuple(gs.shape[1:])
-        gn = np.ascontiguousarray(gs.to("cpu").numpy())
-        recvbuf = np.empty((self.n_send,) + trailing, dtype=gn.dtype)
-        comm = self.comm
-        reqs = [comm.Irecv(recvbuf[a:b], source=r, tag=_TAG_REV) for r, a, b in self._send_slices]
-        reqs += [comm.Isend(gn[a:b], dest=r, tag=_TAG_REV) for r, a, b in self._recv_slices]
-        return _Pending(reqs, recvbuf, "reverse", gs, gn)
+        return self._start(g_ghost, self.n_ghost, "g_ghost", 1, None, error)
+
+    def _wait(self, pending: _Pending) -> Optional[Exception]:
+        """Complete every request; the first problem with a received message, if any.
+
+        Receives are matched by ``Mprobe`` and sized from the probe, so a message
+        of another length (another dtype or number of columns on the sender) is
+        received whole and reported, never truncated: Open MPI 4.1 can hang
+        completing a truncated receive. A header names its plan, direction, element
+        type and items per row, which fix the length.
+        """
+        recv, hdr_bytes = pending.layout[0], pending.layout[5]
+        comm, tag = self.comm, _TAG_FWD + pending.kind
+        buf = pending.recvbuf
+        problem = None
+        st = MPI.Status()
+        for r, a, b in recv:
+            msg = comm.Mprobe(source=r, tag=tag, status=st)
+            if st.Get_count(MPI.BYTE) == b - a:
+                msg.Recv([buf[a:b], MPI.BYTE])
+                if problem is None and buf[a:a + 16].tobytes() != hdr_bytes:
+                    problem = self._message_error(pending, r, buf[a:a + 16].copy().view(np.int64))
+            else:  # another length: receive it whole (never truncate), then say why
+                other = np.empty(max(st.Get_count(MPI.BYTE), 16), dtype=np.uint8)
+                other[:16] = 0
+                msg.Recv([other, MPI.BYTE])
+                if problem is None:
+                    problem = self._message_error(pending, r, other[:16].copy().view(np.int64))
+        MPI.Request.Waitall(pending.requests)
+        return problem
+
+    def _message_error(self, pending: _Pending, r: int, hdr) -> ValueError:
+        what = "halo exchange" + ("" if pending.kind == 0 else " (reverse)")
+        me = self.comm.Get_rank()
+        want, sig = self.plan_id * 2 + pending.kind, pending.layout[6]
+        if int(hdr[1]) == _POISON:
+            return ValueError(f"{what}: rank {r} passed an invalid input to this collective product "
+                              f"(see the error raised on rank {r}); rank {me} cannot complete it")
+        if int(hdr[0]) != want:
+            return ValueError(f"{what}: rank {r} is running another exchange (plan/direction {int(hdr[0])}, "
+                              f"rank {me}: {want}); every rank must call the same collective products "
+                              "in the same order")
+        return ValueError(f"{what}: rank {r} sent {_describe(int(hdr[1]))}, rank {me} expects "
+                          f"{_describe(sig)}: the vectors' dtype or number of columns differ across ranks")
 
     def finish(self, pending: _Pending) -> torch.Tensor:
-        """Collective (completes a started exchange). Ghost copies, or owned contributions."""
-        MPI.Request.Waitall(pending.requests)
+        """Collective (completes a started exchange). Ghost copies, or owned contributions.
+
+        Raises ``ValueError`` when this rank's input was invalid, or when a
+        neighbour's message says its input was invalid or differs in dtype or columns.
+        """
+        problem = self._wait(pending)
+        if pending.error is not None:
+            raise pending.error
+        if problem is not None:
+            raise problem
         like = pending.like
-        recv = torch.from_numpy(pending.recvbuf).to(like.device)
-        if pending.kind == "forward":
+        buf = pending.recvbuf
+        recv_lay = pending.layout[0]
+        if len(recv_lay) == 1:
+            flat = buf[16:]
+        elif recv_lay:
+            flat = np.concatenate([buf[a + 16:b] for _, a, b in recv_lay])
+        else:
+            flat = buf
+        n = self.n_ghost if pending.kind == 0 else self.n_send
+        recv = torch.from_numpy(flat.view(pending.dtype).reshape((n,) + pending.trailing))
+        if like.device.type != "cpu":
+            recv = recv.to(like.device)
+        if pending.kind == 0:
             return recv
         out = like.new_zeros((self.n_owned,) + tuple(like.shape[1:]))
         if self.n_send:
