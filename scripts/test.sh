@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# The whole test suite: serial, then under mpirun -n 2 and -n 4, each under a timeout.
-# Usage: bash scripts/test.sh [extra pytest args]
+# The whole test suite: serial, then under mpirun -n 2 and -n 4 (tests marked mpi) and
+# mpirun -n 3 (the property tests, so they run at 1, 2, 3 and 4 ranks), each under a timeout.
+# Usage: bash scripts/test.sh [--property-full] [extra pytest args]
+#   --property-full (or SLASOLVE_PROPERTY_FULL=1): the full property set, many hypothesis
+#   examples per property with shrinking, instead of the CI slice (docs/testing.md);
+#   the runs' timeouts grow to SLASOLVE_TEST_TIMEOUT (default 7200 s).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -10,13 +14,25 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 # more ranks than cores: let idle ranks yield instead of spinning in MPI waits
 export OMPI_MCA_mpi_yield_when_idle=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MPLBACKEND=Agg PYTHONUNBUFFERED=1
+args=()
+full=${SLASOLVE_PROPERTY_FULL:-0}
+for a in "$@"; do
+  if [ "$a" = "--property-full" ]; then full=1; else args+=("$a"); fi
+done
+run_timeout=${SLASOLVE_TEST_TIMEOUT:-900}
+if [ "$full" != "0" ]; then
+  export SLASOLVE_PROPERTY_FULL=1
+  run_timeout=${SLASOLVE_TEST_TIMEOUT:-7200}
+  args+=("-o" "timeout=$run_timeout")   # pytest-timeout's per-test limit (pyproject: 300 s)
+fi
 status=0
 echo "== serial (1 process, MPI tests at size 1)"
-timeout 900 "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider "$@" || status=1
-for n in 2 4; do
-  echo "== mpirun -n $n (MPI tests)"
-  timeout 900 mpirun -n "$n" --oversubscribe --bind-to none \
-    "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m mpi -p no:cacheprovider "$@" || {
+timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider ${args[@]+"${args[@]}"} || status=1
+for n in 2 3 4; do
+  if [ "$n" = 3 ]; then marks="mpi and property"; what="property tests"; else marks="mpi"; what="MPI tests"; fi
+  echo "== mpirun -n $n ($what)"
+  timeout "$run_timeout" mpirun -n "$n" --oversubscribe --bind-to none \
+    "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m "$marks" -p no:cacheprovider ${args[@]+"${args[@]}"} || {
       status=1; echo "mpirun -n $n failed; other ranks' logs:"; tail -n 30 .pytest-mpi/*.log 2>/dev/null; }
 done
 if [ $status -eq 0 ]; then echo "all test runs passed"; else echo "some test runs FAILED"; fi
