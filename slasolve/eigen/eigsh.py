@@ -735,13 +735,13 @@ class _TorchSolver:
         elif self.sigma is None:
             ncv = self.ncv if deflate is None else None
             if ncv is None:
-                ncv = min(self.n_global - nd, max(2 * nev + 1, 20))
+                ncv = min(self.n_global - nd, max(2 * nev + 1, 20 if deflate is None else 12))
             w, V, inf = lanczos(self.OP, v0, nev, which=self.which, B=self.Bop, B_solve=self.Bs,
                                 tol=self.tol, maxiter=self.maxiter, ncv=ncv, deflate=defl, **self.kw)
         else:
             ncv = self.ncv if deflate is None else None
             if ncv is None:
-                ncv = min(self.n_global - nd, max(2 * nev + 1, 20))
+                ncv = min(self.n_global - nd, max(2 * nev + 1, 20 if deflate is None else 12))
             theta, V, inf = lanczos(self.OP, v0, nev, which="LM", B=self.Bop, B_solve=self.Bs,
                                     tol=self.tol, maxiter=self.maxiter, ncv=ncv, deflate=defl, **self.kw)
             w = self.sigma + 1.0 / theta
