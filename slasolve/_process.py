@@ -6,6 +6,8 @@ imports mpi4py). Three things happen:
 
 1. **PETSc and SLEPc are initialised with the command line**, collectively, when
    petsc4py / slepc4py import: ``petsc4py.init(sys.argv)`` then ``slepc4py.init(sys.argv)``
+   (GNU-style ``--long`` options and their values are left out: they are the script's;
+   PETSc options take a single dash)
    (unless the program imported ``petsc4py.PETSc`` / ``slepc4py.SLEPc`` first: then
    its own initialisation stands). PETSc's start-up is collective; doing it lazily,
    on the first PETSc use, hangs the job when one rank takes a different path (a
@@ -28,8 +30,12 @@ imports mpi4py). Three things happen:
    (they wait in a collective this rank never called: ``backward()`` or a solve on
    some ranks only, ``sys.exit()`` on one rank, an exception caught on one rank),
    and calls ``Abort`` with a non-zero status. After ``sys.exit(n)`` with ``n != 0``
-   it waits at most 5 s (a failing rank should not keep the job alive; ranks that
-   all exit together with the same status still exit cleanly with that status).
+   it waits at most 5 s, whatever the timeout (a failing rank should not keep the
+   job alive; ranks that all exit together still exit cleanly with their status).
+   That part belongs to step 2 and is switched off with it. Python gives ``atexit``
+   no exit status, so slasolve wraps ``sys.exit`` to remember it (a ``raise
+   SystemExit(n)`` or ``exit(n)`` is treated as a normal exit; a ``sys.exit(n)`` that
+   was caught only shortens the wait to 5 s).
 
    The default is generous because ranks may legitimately finish far apart (rank 0
    writing results after the last collective while the others are done): the
@@ -51,7 +57,8 @@ from typing import Optional
 
 from mpi4py import MPI
 
-__all__ = ["init_petsc", "install", "abort_on_unhandled_exception", "parse_args", "split_petsc_args"]
+__all__ = ["init_petsc", "install", "abort_on_unhandled_exception", "parse_args", "split_petsc_args",
+           "petsc_argv"]
 
 ENV_ABORT = "SLASOLVE_ABORT_ON_EXCEPTION"
 ENV_TIMEOUT = "SLASOLVE_EXIT_TIMEOUT"
@@ -103,11 +110,31 @@ def _env_timeout() -> float:
     return max(t, 0.0)
 
 
+def petsc_argv(argv) -> list:
+    """Local. The part of a command line ``argv`` that PETSc gets: everything but GNU-style
+    ``--long`` options (the script's own, e.g. ``--n 8``, ``--version``) and their value.
+
+    PETSc would take ``--n 8`` as its option ``-n``; dropping a ``--long`` token together with
+    the non-option token after it keeps PETSc's reading of every single-dash option (a
+    value always follows its option directly) unchanged."""
+    argv = list(argv)
+    out, i = argv[:1], 1
+    while i < len(argv):
+        tok = argv[i]
+        i += 1
+        if tok.startswith("--"):
+            if "=" not in tok and i < len(argv) and not _petsc_key(argv[i]):
+                i += 1
+            continue
+        out.append(tok)
+    return out
+
+
 def _petsc_argv() -> list:
     # a Jupyter kernel's argv (-f kernel.json) is the kernel's, not the user's
     if _interactive() or not getattr(sys, "argv", None):
         return [sys.executable]
-    return list(sys.argv)
+    return petsc_argv(sys.argv)
 
 
 # --------------------------------------------------------------------------- PETSc

@@ -255,12 +255,13 @@ def test_petsc_sees_command_line_options():
         from petsc4py import PETSc
         ksp = PETSc.KSP().create(PETSc.COMM_SELF)
         ksp.setFromOptions()
-        print(PETSc.Options().getString("ksp_type"), ksp.getType(), PETSc.Options().getReal("ksp_rtol"))
+        print(PETSc.Options().getString("ksp_type"), ksp.getType(), PETSc.Options().getReal("ksp_rtol"),
+              PETSc.Options().hasName("n"))
     """)
-    out = subprocess.run([sys.executable, "-c", code, "-ksp_type", "gmres", "-ksp_rtol", "1e-3"],
+    out = subprocess.run([sys.executable, "-c", code, "-ksp_type", "gmres", "--n", "5", "-ksp_rtol", "1e-3"],
                          capture_output=True, text=True, timeout=120, env=_env())
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["gmres", "gmres", "0.001"]
+    assert out.stdout.split() == ["gmres", "gmres", "0.001", "False"]
 
 
 def test_petsc_initialised_by_the_user_first_is_left_alone():
@@ -288,6 +289,16 @@ def test_split_petsc_args():
                      "-help"]
     assert rest == ["--n", "8", "--check", "--young", "-1"]
     assert split_petsc_args(["-h", "-x"], ["-h", "-x"]) == ([], ["-h", "-x"])
+
+
+def test_petsc_argv_leaves_out_long_options():
+    from slasolve._process import petsc_argv
+
+    argv = ["prog", "--n", "8", "-ksp_monitor", "--check", "-ksp_type", "gmres", "--version", "--out=x",
+            "-log_view", "--young", "-1", "-pc_type", "gamg"]
+    assert petsc_argv(argv) == ["prog", "-ksp_monitor", "-ksp_type", "gmres", "-log_view", "-pc_type", "gamg"]
+    # PETSc reads the single-dash options exactly as in the full command line
+    assert petsc_argv(["p", "-ksp_monitor", "--n", "8", "-a", "1"]) == ["p", "-ksp_monitor", "-a", "1"]
 
 
 # ------------------------------------------------------------------ examples' command lines
