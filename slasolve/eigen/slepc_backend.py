@@ -150,6 +150,7 @@ class SlepcSession:
         with _temporary_options(petsc_options, options_prefix):
             eps.setFromOptions()
         eps.setUp()     # configuration errors surface here (ValueError in eigsh), not in solve
+        self.main_ncv = int(eps.getDimensions()[1])
         st = eps.getST()
         self.method = str(eps.getType())
         st_type = str(st.getType())
@@ -193,8 +194,8 @@ class SlepcSession:
         eps = self.eps
         t0 = time.perf_counter()
         if deflate is not None:
-            eps.setDimensions(nev=nev, ncv=self.ncv if self.ncv is not None else PETSc.DECIDE,
-                              mpd=PETSc.DECIDE)
+            # the first solve's basis size: a smaller one converges slower on clustered spectra
+            eps.setDimensions(nev=nev, ncv=self.main_ncv, mpd=PETSc.DECIDE)
             eps.setDeflationSpace([self._vec(deflate[:, j]) for j in range(deflate.shape[1])])
         eps.setInitialSpace([self._vec(v0)])
         eps.solve()
