@@ -205,6 +205,11 @@ def test_scipy_edge_cases(comm, backend, method):
     x, info = fn(dA, b, x0=x0, rtol=1e-4, atol=0.0, backend=backend, maxiter=2000)
     assert info.converged, info.reason
     _close(x, _ref(A, bg, r0, r1), comm, 1e-2)
+    # maxiter=0 tests the initial guess only (PETSc's KSPs would take one step)
+    x, info = fn(dA, b, x0=b.clone(), maxiter=0, backend=backend, raise_on_fail=False)
+    assert info.iterations == 0 and info.reason == "DIVERGED_ITS" and torch.equal(x, b)
+    x, info = fn(dA, b, x0=b.clone(), maxiter=0, rtol=10.0, backend=backend)
+    assert info.iterations == 0 and info.converged and torch.equal(x, b)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -294,6 +299,28 @@ def test_petsc_options_do_not_leak(comm):
     # a new KSP with default options (other prefix) does not see ksp_max_it
     _, info = slasolve.solve(dA, b, "cg", options_prefix="leak_", return_info=True)
     assert info.converged and info.iterations > 2
+
+
+def test_command_line_options_still_apply(comm):
+    """Options already in the database (as from the command line) keep working, are
+    overridden by petsc_options for one call only, and survive that call."""
+    from petsc4py import PETSc
+    A = poisson2d(8)
+    dA, bg, r0, r1 = _setup(comm, A)
+    b = bg[r0:r1].clone()
+    db = PETSc.Options()
+    db["cmdl_ksp_type"] = "gmres"
+    db["cmdl_pc_type"] = "jacobi"
+    try:
+        _, info = slasolve.solve(dA, b, "cg", options_prefix="cmdl_", return_info=True)
+        assert (info.method, info.pc) == ("gmres", "jacobi")
+        _, info = slasolve.solve(dA, b, "cg", options_prefix="cmdl_", petsc_options={"pc_type": "none"},
+                                 return_info=True)
+        assert (info.method, info.pc) == ("gmres", "none")
+        assert db.getString("cmdl_pc_type") == "jacobi"
+    finally:
+        db.delValue("cmdl_ksp_type")
+        db.delValue("cmdl_pc_type")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

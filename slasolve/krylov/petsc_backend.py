@@ -235,11 +235,12 @@ class PetscKrylov:
         absolute = r >= 1.0  # PETSc requires rtol < 1; SciPy's test is max(rtol ||b||, atol)
         if absolute:
             r, a = 0.0, max(r * bnorm, a)
-        ksp.setTolerances(rtol=r, atol=a, divtol=ov.get("divtol", math.inf),
-                          max_it=ov.get("max_it", default_maxiter(self.n_global) if maxiter is None
-                                        else int(maxiter)))
+        max_it = ov.get("max_it", default_maxiter(self.n_global) if maxiter is None else int(maxiter))
+        ksp.setTolerances(rtol=r, atol=a, divtol=ov.get("divtol", math.inf), max_it=max_it)
         x = torch.zeros(b.shape[0], dtype=torch.float64) if x0 is None else \
             x0.detach().to(device="cpu", dtype=torch.float64).clone()
+        if max_it == 0:  # PETSc's KSPs still take one step; test the initial guess only (torch backend)
+            return self._initial_guess_only(ksp, B, x, b, r, a, bnorm, rtol, atol, record_history, transpose)
         ksp.setInitialGuessNonzero(x0 is not None or ksp.getType() in _GUESS_STATE)
         X = _vec(x, self.n_global, self.comm)
         mon = self._monitor
@@ -264,6 +265,20 @@ class PetscKrylov:
             reason = "CONVERGED_RTOL"
         info = self._info(reason, int(ksp.getIterationNumber()), rnorm, history, t1 - t0, t2 - t1, rtol, atol,
                           ksp)
+        return x.to(device=b.device, dtype=b.dtype), info
+
+    def _initial_guess_only(self, ksp, B, x, b, r, a, bnorm, rtol, atol, record_history, transpose):
+        X = _vec(x, self.n_global, self.comm)
+        R = B.duplicate()
+        op = ksp.getOperators()[0]
+        (op.multTranspose if transpose else op.mult)(X, R)
+        R.aypx(-1.0, B)  # R = B - A X
+        rnorm = R.norm()
+        R.destroy(), X.destroy(), B.destroy()
+        tol = max(r * bnorm, a)
+        reason = ("DIVERGED_ITS" if not rnorm <= tol else
+                  "CONVERGED_ATOL" if atol > 0 and rnorm <= atol else "CONVERGED_RTOL")
+        info = self._info(reason, 0, rnorm, [rnorm] if record_history else None, 0.0, 0.0, rtol, atol)
         return x.to(device=b.device, dtype=b.dtype), info
 
     def _info(self, reason, its, rnorm, history, setup, solve, rtol, atol, ksp=None):
