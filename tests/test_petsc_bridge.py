@@ -136,3 +136,23 @@ def test_tensor_to_vec_bad_input_on_one_rank(comm):
     x = torch.zeros(3, 2) if comm.rank == comm.size - 1 else torch.zeros(3)
     with pytest.raises(ValueError, match="1-D"):
         tensor_to_vec(x, comm)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["data", "numpy", "one_rank"])
+def test_refill_sees_writes_that_keep_the_version(comm, how):
+    """.data / NumPy-view writes do not bump the tensor version; the Mat must still be
+    refilled, on every rank together even when only one rank's values changed."""
+    A = poisson_matrix((9, 8))
+    dA = DSparseTensor.from_global(A, comm)
+    M = dA.to_petsc()
+    state = M.stateGet()
+    assert dA.to_petsc() is M and M.stateGet() == state  # unchanged values: no refill
+    if how == "data":
+        dA.values.data.mul_(3.0)
+    elif how == "numpy":
+        dA.values.numpy()[:] *= 3.0
+    elif comm.rank == comm.size - 1:
+        dA.values.numpy()[:] *= 3.0
+    assert dA.to_petsc() is M
+    assert all_ok(comm, torch.equal(from_petsc(M).values, dA.values))
