@@ -396,6 +396,26 @@ def test_gradcheck_values_perturbed_in_place(comm, method):
     assert torch.autograd.gradcheck(f, (v, b), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reuse_pc_opt_in(comm, backend):
+    """reuse_pc=True lags the preconditioner (answer still right); the next default call
+    rebuilds it (iterations as a fresh solve's)."""
+    A = poisson2d(9)
+    dA, bg, r0, r1 = _setup(comm, A)
+    b = bg[r0:r1].clone()
+    slasolve.solve(dA, b, "cg", pc="ilu", backend=backend, **TOL)
+    d = sp.diags(1.0 + 50.0 * np.abs(np.sin(np.arange(81.0))))
+    A2 = (d @ A @ d).tocsr()
+    dB = dA.with_values(DSparseTensor.from_global(A2, comm, partition="contiguous").values)
+    x, i_lag = slasolve.solve(dB, b, "cg", pc="ilu", backend=backend, reuse_pc=True, return_info=True, **TOL)
+    _close(x, _ref(A2, bg, r0, r1), comm)
+    x, i_new = slasolve.solve(dB, b, "cg", pc="ilu", backend=backend, return_info=True, **TOL)
+    fresh = DSparseTensor.from_global(A2, comm, partition="contiguous")
+    _, i_fresh = slasolve.solve(fresh, b, "cg", pc="ilu", backend=backend, return_info=True, **TOL)
+    assert i_new.iterations == i_fresh.iterations < i_lag.iterations
+    _close(x, _ref(A2, bg, r0, r1), comm)
+
+
 def _simp_system(comm, nelx, nely, density):
     """SIMP plane-stress MBB stiffness (as examples/topology_optimisation.py) for ``density``."""
     from slasolve.fem import Assembler, DirichletBC, boundary_dofs, box_mesh

@@ -220,7 +220,8 @@ class PetscKrylov:
             self._pyctx.fn = fn
 
     def _run(self, ksp, dA, b: torch.Tensor, x0: Optional[torch.Tensor], transpose: bool, *, rtol, atol,
-             maxiter, callback, record_history, reset_operators: bool = True) -> tuple:
+             maxiter, callback, record_history, reuse_pc: bool = False,
+             reset_operators: bool = True) -> tuple:
         if reset_operators:
             ksp.setOperators(dA.to_petsc(mat_type="aij"))  # refilled in place when the values changed
         bb = b.detach().to(device="cpu", dtype=torch.float64).contiguous()
@@ -242,6 +243,7 @@ class PetscKrylov:
         if max_it == 0:  # PETSc's KSPs still take one step; test the initial guess only (torch backend)
             return self._initial_guess_only(ksp, B, x, b, r, a, bnorm, rtol, atol, record_history, transpose)
         ksp.setInitialGuessNonzero(x0 is not None or ksp.getType() in _GUESS_STATE)
+        ksp.getPC().setReusePreconditioner(bool(reuse_pc))
         X = _vec(x, self.n_global, self.comm)
         mon = self._monitor
         mon.history = [] if record_history else None

@@ -241,7 +241,7 @@ def _check_rhs(dA, b, x0):
 
 
 def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options,
-              options_prefix, return_info, raise_on_fail):
+              options_prefix, return_info, raise_on_fail, reuse_pc):
     """Collective. Normalise ``A`` and check every argument with ONE check_collective,
     whose ``agree`` part makes every rank raise when the settings differ between ranks."""
     from mpi4py import MPI
@@ -266,6 +266,7 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
              "x0 given": x0 is not None,
              "dtype": str(b.dtype) if isinstance(b, torch.Tensor) else None,
              "return_info": bool(return_info), "raise_on_fail": bool(raise_on_fail),
+             "reuse_pc": bool(reuse_pc),
              "options_prefix": options_prefix,
              "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
              if isinstance(petsc_options, dict) else repr(petsc_options)}
@@ -288,7 +289,8 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
           callback: Optional[Callable[[int, float], None]] = None, return_info: bool = False,
           raise_on_fail: bool = True, petsc_options: Optional[dict] = None,
           options_prefix: Optional[str] = None, record_history: bool = False,
-          progress: Union[bool, int] = False) -> Union[torch.Tensor, Tuple[torch.Tensor, SolveInfo]]:
+          progress: Union[bool, int] = False, reuse_pc: bool = False
+          ) -> Union[torch.Tensor, Tuple[torch.Tensor, SolveInfo]]:
     """Collective. Solve ``A x = b`` with a Krylov method; differentiable (adjoint).
 
     Parameters
@@ -324,6 +326,11 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         prefix, present only while this solve's KSP is configured (they never reach a
         later call); command-line ``-ksp_*`` / ``-pc_*`` options apply too. A bad entry
         (unknown ``ksp_type``, ...) raises ``ValueError`` on every rank.
+    reuse_pc : bool
+        Keep the preconditioner built for earlier values when the values change (PETSc's
+        ``KSPSetReusePreconditioner``: lagging saves the setup, the answer is still
+        checked against the current matrix). Default ``False``: rebuilt (GAMG included,
+        prolongators and smoother eigenvalue estimates too) whenever the values change.
     record_history : bool
         Fill ``SolveInfo.residual_history``.
     progress : bool or int
@@ -350,18 +357,19 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
                               atol=atol, maxiter=maxiter, pc=pc, M=M, restart=restart, callback=callback,
                               raise_on_fail=raise_on_fail, petsc_options=petsc_options,
                               options_prefix=options_prefix, record_history=record_history,
-                              progress=progress)
+                              progress=progress, reuse_pc=reuse_pc)
     backend = default_backend() if backend is None else backend
     dA = _validate(A, b, x0, method=method, backend=backend, pc=pc, M=M, rtol=rtol, atol=atol,
                    maxiter=maxiter, restart=restart, petsc_options=petsc_options,
-                   options_prefix=options_prefix, return_info=return_info, raise_on_fail=raise_on_fail)
+                   options_prefix=options_prefix, return_info=return_info, raise_on_fail=raise_on_fail,
+                   reuse_pc=reuse_pc)
     pc = M if M is not None else pc
     if progress:
         callback = _progress_callback(dA.comm, 10 if progress is True else int(progress), callback)
     solver = _solver(dA, method, backend, pc, restart, options_prefix, petsc_options)
     opts = dict(rtol=float(rtol), atol=float(atol), maxiter=None if maxiter is None else int(maxiter),
                 callback=callback, record_history=record_history, raise_on_fail=raise_on_fail,
-                pc_fn=pc if callable(pc) else None)
+                pc_fn=pc if callable(pc) else None, reuse_pc=bool(reuse_pc))
     out: dict = {}
     x = _AdjointSolve.apply(dA.values, b, dA, solver, opts, x0, out)
     info = out["info"]

@@ -75,11 +75,14 @@ class TorchKrylov:
             self._pc_spec = fn
             self._pcs.clear()
 
-    def _pc(self, dA, transpose: bool):
-        """Collective. The preconditioner for ``dA``'s current values (one check_collective)."""
+    def _pc(self, dA, transpose: bool, reuse: bool = False):
+        """Collective. The preconditioner for ``dA``'s current values (one check_collective);
+        with ``reuse`` the one built for earlier values, if any."""
         vals = dA.values.detach()
         snap = self._snapshot
-        if snap is None or snap.shape != vals.shape or snap.dtype != vals.dtype or \
+        if reuse and self._pcs:
+            pass
+        elif snap is None or snap.shape != vals.shape or snap.dtype != vals.dtype or \
                 snap.device != vals.device or not torch.equal(snap, vals):
             self._pcs.clear()
             self._snapshot = vals.clone()
@@ -97,11 +100,11 @@ class TorchKrylov:
         check_collective(self.comm, err)
         return self._pcs[key]
 
-    def _run(self, dA, b, x0, transpose, *, rtol, atol, maxiter, callback, record_history):
+    def _run(self, dA, b, x0, transpose, *, rtol, atol, maxiter, callback, record_history, reuse_pc=False):
         comm = self.comm
         op = dA.rmatvec if transpose and self.method not in _SYMMETRIC else dA.matvec
         t0 = time.perf_counter()
-        M = self._pc(dA, transpose)
+        M = self._pc(dA, transpose, reuse_pc)
         t1 = time.perf_counter()
         kw = dict(x0=x0, rtol=rtol, atol=atol, maxiter=maxiter, M=M,
                   reduce_sum=lambda t: allreduce_sum(comm, t), callback=callback,
