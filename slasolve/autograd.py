@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from .sparse import _csr_value_grad
-
 __all__ = ["matvec_value_grad", "global_sum"]
 
 
@@ -21,21 +19,14 @@ def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     ``g``: owned rows ``(n_local[, k])``; ``x``: owned columns, same trailing shape
     (several right-hand sides are summed).
     """
-    from .dsparse import _block_scalar, _unscalar_grad
+    from .dsparse import _values_grad
     L = dA._need_row_shard("matvec_value_grad")
-    values = dA.values.detach()
     g = g.detach().contiguous()
     x = x.detach().contiguous()
     trailing = tuple(x.shape[1:])
     xg = L.halo.forward_raw(x.reshape((L.cend - L.cstart, L.bc) + trailing))
     xg = xg.reshape((L.halo.n_ghost * L.bc,) + trailing)
-    pd, _, permd = _block_scalar(L.diag, values[L.diag_pos], L.block)
-    po, _, permo = _block_scalar(L.offd, values[L.offd_pos], L.block)
-    gv = torch.zeros_like(values)
-    gv[L.diag_pos] = _unscalar_grad(_csr_value_grad(pd, g, x), permd, L.diag_pos.numel(), L.block)
-    if L.offd_pos.numel():
-        gv[L.offd_pos] = _unscalar_grad(_csr_value_grad(po, g, xg), permo, L.offd_pos.numel(), L.block)
-    return gv
+    return _values_grad(L, dA.values.detach(), g, x, xg)
 
 
 def global_sum(t: torch.Tensor, comm=None) -> torch.Tensor:
