@@ -510,7 +510,7 @@ class DSparseTensor:
             counts = ip64[1:] - ip64[:-1]
             rows = torch.repeat_interleave(torch.arange(n_loc), counts)
             local = SparseTensor.from_coo(rows, idx, vals, (n_loc, N) + block_shape, block_shape=block_shape)
-            info = (global_shape, str(local.dtype), local.M, n_local_cols)
+            info = (global_shape, str(local.dtype), local.M, n_local_cols, local.device.type)
         except Exception as e:  # any failure must reach every rank, never leave one behind
             err = e
         check_collective(comm, err)
@@ -528,9 +528,8 @@ class DSparseTensor:
         elif sum(nrows) != global_shape[0]:
             err = ValueError(f"the ranks' local rows add up to {sum(nrows)}, but global_shape has "
                              f"M = {global_shape[0]} rows")
-        elif min(nrows) == 0 and comm.Get_size() > 1:
-            err = ValueError(f"rank {nrows.index(0)} owns no rows: every rank needs at least one "
-                             "(use fewer ranks or another partition)")
+        elif len({a[4] for a in allinfo}) > 1:
+            err = TypeError(f"values device type differs across ranks: {sorted({a[4] for a in allinfo})}")
         elif any(c is None for c in ncols) and any(c is not None for c in ncols):
             err = ValueError("n_local_cols must be given on every rank or on none")
         elif ncols[0] is not None and sum(ncols) != global_shape[1]:
@@ -592,7 +591,9 @@ class DSparseTensor:
                                      f"the matrix has {len(S.batch_shape)}")
         except Exception as e:
             err = e
-        check_collective(comm, err)
+        part_name = partition if isinstance(partition, str) else type(partition).__name__
+        check_collective(comm, err, agree={"root": root, "placement": repr(placement), "partition": part_name,
+                                           "coords given": coords is not None})
         if isinstance(placement, Replicated):
             if not everywhere:
                 S = comm.bcast(S, root=root)
@@ -644,10 +645,7 @@ class DSparseTensor:
     def _split_rows(S: SparseTensor, part, size: int):
         p = part["partition"]
         if p is None:
-            offsets = _split_offsets(S.M, size)
-            if (np.diff(offsets) == 0).any() and size > 1:
-                raise ValueError(f"the matrix has {S.M} rows, fewer than the {size} ranks: "
-                                 "some rank would own no rows")
+            offsets = _split_offsets(S.M, size)  # ranks beyond the rows own none (as PETSc)
             P = S
         else:
             offsets = np.asarray(p.offsets)
@@ -696,14 +694,19 @@ class DSparseTensor:
         """Collective. Same pattern, layout, halo plan and PETSc Mat; new local values.
 
         ``values`` has the shape of :attr:`values` (``(nnz, *block)`` for a row
-        shard). The check (shape, dtype, finite) is combined over the ranks with
-        one small Allreduce, so a bad ``values`` on one rank raises on all.
+        shard). The check (shape, dtype, finite) and the agreement of dtype, device
+        type and trailing shape across ranks ride on one small Allreduce, so a bad
+        ``values`` on one rank, or float32 here and float64 there, raises on all.
         """
         err = None
         new = None
+        agree = {"values": None}  # every rank passes a mapping: one code path in check_collective
         try:
             if not isinstance(values, torch.Tensor):
                 values = torch.as_tensor(np.asarray(values))
+            agree = {"values dtype": str(values.dtype), "values device": values.device.type,
+                     "values dims": values.dim(),
+                     "values trailing shape": tuple(values.shape[1:]) if self._layout is not None else None}
             if not (values.dtype.is_floating_point or values.dtype.is_complex):
                 raise TypeError(f"values must be a floating point tensor, got dtype {values.dtype}")
             if self._layout is not None and tuple(values.shape) != tuple(self.values.shape):
@@ -712,7 +715,7 @@ class DSparseTensor:
             new = self._local.with_values(values)
         except Exception as e:
             err = e
-        check_collective(self.comm, err)
+        check_collective(self.comm, err, agree=agree)
         return DSparseTensor(new, self._spec, _layout=self._layout)
 
     def detach(self) -> "DSparseTensor":
@@ -833,12 +836,18 @@ class DSparseTensor:
         offs = L.row_offsets * L.br
         have = x_global is not None
         err = None
-        if root is None or rank == root:
+        agree = {"root": root}
+        if root is not None and not (isinstance(root, int) and 0 <= root < size):
+            err = ValueError(f"root must be None or a rank of the communicator, got {root!r}")
+        elif root is None or rank == root:
             if not have or not isinstance(x_global, torch.Tensor):
                 err = TypeError("x_global must be a torch.Tensor" + ("" if root is None else f" on rank {root}"))
-            elif x_global.shape[0] != offs[-1]:
-                err = ValueError(f"x_global has {x_global.shape[0]} rows, the matrix {offs[-1]}")
-        check_collective(comm, err)
+            elif x_global.dim() not in (1, 2) or x_global.shape[0] != offs[-1]:
+                err = ValueError(f"x_global must have shape ({offs[-1]},) or ({offs[-1]}, k), "
+                                 f"got {tuple(x_global.shape)}")
+            elif root is None:  # every rank's piece must belong to one distributed vector
+                agree.update(dtype=str(x_global.dtype), shape=tuple(x_global.shape))
+        check_collective(comm, err, agree=agree)
         perm = self._row_perm()
         if root is None:
             xp = x_global if perm is None else x_global[perm]
@@ -855,11 +864,16 @@ class DSparseTensor:
         self._need_row_shard("gather")
         comm = self.comm
         err = None
+        size = comm.Get_size()
         try:
+            if root is not None and not (isinstance(root, int) and 0 <= root < size):
+                raise ValueError(f"root must be None or a rank of the communicator, got {root!r}")
             self._check_vec(x_local, self.n_local, "x_local", check_dtype=False)
         except (TypeError, ValueError) as e:
             err = e
-        check_collective(comm, err)
+        ok = err is None
+        check_collective(comm, err, agree={"root": root, "dtype": str(x_local.dtype) if ok else None,
+                                           "columns": tuple(x_local.shape[1:]) if ok else None})
         parts = comm.allgather(x_local.detach().cpu()) if root is None else \
             comm.gather(x_local.detach().cpu(), root=root)
         if parts is None:

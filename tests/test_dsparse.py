@@ -297,3 +297,169 @@ def test_grad_values_formula(comm):
     rows = dA.local.row_indices() + r0
     expect = wg[rows] * xg[dA.local.indices]
     assert all_ok(comm, torch.allclose(v.grad, expect, rtol=1e-14, atol=0))
+
+
+# -- issue 9: live values, bad vectors on one rank, ranks without rows ---------------------
+def _dense_coupled(n=24, seed=11, block=None):
+    """Every (block) row couples to every rank: each rank exchanges with every other."""
+    A = sp.random(n, n, density=0.45, random_state=seed, format="csr") + sp.eye(n) * 3
+    if block:
+        return sp.kron(A, np.arange(1.0, 1 + block * block).reshape(block, block)).tobsr(
+            blocksize=(block, block))
+    return A.tocsr()
+
+
+LIVE_CASES = {
+    "banded": lambda: poisson_matrix((14, 6)),               # few boundary rows
+    "coupled": lambda: _dense_coupled(),                      # most rows touch ghosts
+    "block_banded": lambda: block_spd_matrix((6, 4), 2, seed=5).tobsr(blocksize=(2, 2)),
+    "block_coupled": lambda: _dense_coupled(block=2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LIVE_CASES))
+def test_products_use_values_at_call_time(comm, case):
+    """Writes that do not bump ``_version`` (``.data``, numpy views) must reach the next
+    product, forward and transposed, as scipy on the current values says."""
+    A = LIVE_CASES[case]()
+    blk = A.blocksize if A.format == "bsr" else None
+    dA = DSparseTensor.from_global(SparseTensor.from_scipy(A) if blk else A, comm)
+    n = A.shape[0]
+    g = torch.Generator().manual_seed(3)
+    x, X = torch.rand(n, generator=g), torch.rand(n, 2, generator=g)
+    xl, Xl = dA.scatter(x, root=None), dA.scatter(X, root=None)
+    ok = rel(dA.gather(dA @ xl, root=None), A @ x.numpy()) < RTOL  # fills any cache
+    ok &= rel(dA.gather(dA.T @ xl, root=None), A.T @ x.numpy()) < RTOL
+    scale = 1.0
+    for how in ("data_mul", "numpy_view", "data_copy"):
+        if how == "data_mul":
+            dA.values.data.mul_(2.0)
+            scale *= 2.0
+        elif how == "numpy_view":
+            dA.values.numpy()[...] *= -3.0
+            scale *= -3.0
+        else:
+            dA.values.data.copy_(dA.values.data * 0.5)
+            scale *= 0.5
+        ok &= rel(dA.gather(dA @ xl, root=None), scale * (A @ x.numpy())) < RTOL
+        ok &= rel(dA.gather(dA @ Xl, root=None), scale * (A @ X.numpy())) < RTOL
+        ok &= rel(dA.gather(dA.T @ Xl, root=None), scale * (A.T @ X.numpy())) < RTOL
+    assert all_ok(comm, ok)
+
+
+def _size_at_least(comm, k):
+    if comm.size < k:
+        pytest.skip(f"needs {k} ranks")
+
+
+def _raises_everywhere(comm, fn, match=None):
+    """Every rank raises ValueError/TypeError (no rank hangs or returns)."""
+    try:
+        fn()
+        raised, msg = False, ""
+    except (ValueError, TypeError) as e:
+        raised, msg = True, str(e)
+    ok = raised and (match is None or match in msg or comm.rank == 0)
+    return all_ok(comm, ok)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("block", [None, 2])
+def test_bad_vector_on_one_rank_raises_on_every_neighbour(comm, block):
+    _size_at_least(comm, 2)
+    A = _dense_coupled(block=block)
+    dA = DSparseTensor.from_global(SparseTensor.from_scipy(A) if block else A, comm)
+    assert all_ok(comm, set(dA.halo.neighbours) == set(range(comm.size)) - {comm.rank})
+    m = dA.n_local
+    x = torch.rand(m + (1 if comm.rank == 0 else 0))
+    assert _raises_everywhere(comm, lambda: dA @ x, "rank 0")
+    assert _raises_everywhere(comm, lambda: dA.T @ x, "rank 0")
+    # (n, 1) on rank 0, (n, 2) elsewhere: locally valid, globally inconsistent
+    X = torch.rand(m, 1 if comm.rank == 0 else 2)
+    assert _raises_everywhere(comm, lambda: dA @ X, "columns")
+    assert _raises_everywhere(comm, lambda: dA.T @ X, "columns")
+    # a matrix cast on one rank only (a local op): the next product raises, never wrong
+    dB = dA.to(torch.float32) if comm.rank == comm.size - 1 else dA
+    assert _raises_everywhere(comm, lambda: dB @ torch.rand(m, dtype=dB.dtype), "dtype")
+    assert _raises_everywhere(comm, lambda: dB.T @ torch.rand(m, dtype=dB.dtype), "dtype")
+    # nothing was left in flight: the next products are right
+    xg = torch.rand(A.shape[0], generator=torch.Generator().manual_seed(2))
+    ok = rel(dA.gather(dA @ dA.scatter(xg, root=None), root=None), A @ xg.numpy()) < RTOL
+    ok &= rel(dA.gather(dA.T @ dA.scatter(xg, root=None), root=None), A.T @ xg.numpy()) < RTOL
+    assert all_ok(comm, ok)
+
+
+@pytest.mark.timeout(60)
+def test_with_values_dtype_on_one_rank_raises_everywhere(comm):
+    _size_at_least(comm, 2)
+    dA = DSparseTensor.from_global(poisson_matrix((8, 5)), comm)
+    v = dA.values.detach().clone()
+    if comm.rank == 1:
+        v = v.float()
+    with pytest.raises(ValueError, match="values dtype"):
+        dA.with_values(v)
+
+
+@pytest.mark.timeout(60)
+def test_collective_arguments_must_agree(comm):
+    _size_at_least(comm, 2)
+    A = poisson_matrix((6, 5))
+    with pytest.raises(ValueError, match="root"):
+        DSparseTensor.from_global(A, comm, root=comm.rank % 2)
+    with pytest.raises(ValueError, match="partition"):
+        DSparseTensor.from_global(A, comm, partition="metis" if comm.rank == 0 else "contiguous")
+    dA = DSparseTensor.from_global(A, comm)
+    with pytest.raises(ValueError, match="root"):
+        dA.gather(torch.zeros(dA.n_local), root=comm.rank % 2)
+    with pytest.raises(ValueError, match="columns"):
+        dA.gather(torch.zeros(dA.n_local, 1 + comm.rank % 2), root=0)
+    with pytest.raises(ValueError, match="root"):
+        dA.scatter(torch.zeros(30), root=comm.size + 3)
+
+
+def _rows_with_empty_rank(comm, A, empty):
+    """CSR pieces where rank ``empty`` owns no rows and the others split the rest."""
+    n, size = A.shape[0], comm.size
+    owners = [r for r in range(size) if r != empty] or [0]
+    counts = np.zeros(size, dtype=np.int64)
+    base = np.full(len(owners), n // len(owners))
+    base[: n % len(owners)] += 1
+    counts[owners] = base
+    offs = np.concatenate([[0], np.cumsum(counts)])
+    a, b = int(offs[comm.rank]), int(offs[comm.rank + 1])
+    C = A.tocsr()[a:b]
+    return C.indptr, C.indices, C.data, offs
+
+
+@pytest.mark.parametrize("empty", ["first", "last"])
+def test_rank_owning_no_rows(comm, empty):
+    """As in PETSc, a rank may own no rows: products, transposes, scatter/gather work."""
+    A = random_matrix(40, density=0.15, seed=4)
+    e = 0 if empty == "first" else comm.size - 1
+    ip, ix, v, offs = _rows_with_empty_rank(comm, A, e if comm.size > 1 else -1)
+    dA = DSparseTensor.from_local_rows(ip, ix, v, A.shape, comm)
+    ok = dA.row_range == (int(offs[comm.rank]), int(offs[comm.rank + 1]))
+    g = torch.Generator().manual_seed(5)
+    x, X = torch.rand(40, generator=g), torch.rand(40, 3, generator=g)
+    for vec in (x, X):
+        xl = dA.scatter(vec, root=None)
+        ok &= rel(dA.gather(dA @ xl, root=None), A @ vec.numpy()) < RTOL
+        ok &= rel(dA.gather(dA.T @ xl, root=None), A.T @ vec.numpy()) < RTOL
+        back = dA.gather(xl, root=0)
+        ok &= (back is None) if comm.rank != 0 else torch.equal(back, vec)
+    # gradients flow on every rank (the empty one gets empty gradients)
+    vals = dA.values.detach().clone().requires_grad_(True)
+    xl = dA.scatter(x, root=None).requires_grad_(True)
+    dA.with_values(vals).matvec(xl).sum().backward()
+    ok &= vals.grad.shape == vals.shape and xl.grad.shape == xl.shape
+    colsum = torch.from_numpy(np.asarray(A.sum(axis=0)).ravel())
+    ok &= rel(dA.gather(xl.grad, root=None), colsum) < RTOL
+    assert all_ok(comm, ok)
+
+
+def test_from_global_more_ranks_than_rows(comm):
+    A = random_matrix(max(comm.size - 1, 1), density=0.9, seed=6)
+    dA = DSparseTensor.from_global(A, comm)
+    x = torch.rand(A.shape[0], generator=torch.Generator().manual_seed(7))
+    out = dA.gather(dA @ dA.scatter(x, root=None), root=None)
+    assert all_ok(comm, rel(out, A @ x.numpy()) < RTOL)
