@@ -64,11 +64,11 @@ def histories(draw):
 def _diag_mask(dA):
     """Local values that sit on the scalar diagonal (for ``A + shift I``)."""
     loc = dA.local
-    rows = loc.row_indices() + dA.row_range[0]
+    br, bc = loc.block_shape if loc.block_shape else (1, 1)
+    rows = loc.row_indices() + dA.row_range[0] // br  # row_range counts scalar rows
     on = (rows == loc.indices)
     if not loc.block_shape:
         return on.to(dA.dtype)
-    br, bc = loc.block_shape
     eye = torch.eye(br, bc, dtype=dA.dtype)
     return on.to(dA.dtype)[:, None, None] * eye
 
@@ -179,6 +179,23 @@ def _check_history(comm, ex):
         _compare(dA, A_now, comm, op, step)
 
 
+def _known_histories():
+    """Always run: a value change through ``.data`` (and each other path) between two
+    equal solves on each backend; maxiter and x0 of one solve leaking into the next."""
+    solve = {"op": "solve", "backend": "petsc", "method": "cg", "pc": "none", "maxiter": None, "x0": "none",
+             "rtol": 1e-10, "petsc_options": None, "grad": False, "seed": 0}
+    out = []
+    for backend in ("petsc", "torch"):
+        s = dict(solve, backend=backend)
+        out.append({"kind": "block2", "n": 8, "seed": 0, "partition": "contiguous",
+                    "ops": [s] + [op for path in MUTATIONS
+                                  for op in ({"op": "mutate", "path": path, "scale": 0.5, "shift": 0.25}, s)]})
+        out.append({"kind": "spd", "n": 20, "seed": 0, "partition": "contiguous",
+                    "ops": [dict(s, maxiter=1), s, dict(s, x0="random", maxiter=2, method="bicgstab"),
+                            dict(s, method="bicgstab")]})
+    return out
+
+
 def test_call_history_never_changes_answers(comm):
     collective_property(comm, histories(), lambda ex: _check_history(comm, ex),
-                        name="call_history", examples=12, full_examples=300)
+                        name="call_history", examples=12, full_examples=300, explicit=_known_histories())
