@@ -111,18 +111,25 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
         Also return an :class:`EigenInfo`.
     raise_on_fail : bool
         Raise :class:`EigenConvergenceError` on every rank when fewer than
-        ``k`` pairs converged (default). With ``False`` the pairs are returned
-        anyway and ``info.converged`` says how many converged; the SLEPc
-        backend then returns only the ``info.converged`` converged pairs.
+        ``k`` pairs converged or the multiplicity verification (Notes) could not
+        confirm them (default). With ``False`` the pairs are returned anyway,
+        ``info.converged`` says how many converged and ``info.verified`` whether
+        they were confirmed; the SLEPc backend then returns only the
+        ``info.converged`` converged pairs.
     check_input : bool
         Cheap collective checks: ``A`` (and ``M``) symmetric (``||A x - A^T x||``
         for a pseudo-random ``x``, relative ``1e2 sqrt(eps)``), ``diag(M) > 0``
         and ``x^T M x > 0``. One reduction.
     petsc_options, options_prefix, st_solver : SLEPc backend
         ``{"eps_type": "lobpcg", ...}`` put into the options database (under
-        ``options_prefix``) for this call only; the command line works as
-        usual; ``st_solver`` the LU package of shift-invert (default MUMPS when
-        available).
+        ``options_prefix``) while the EPS is configured, for this call only (the
+        previous database entries are restored, also when the call fails); the
+        command line works as usual. Whatever EPS type runs, the verification
+        (Notes) runs with it; an EPS type without deflation-space support
+        raises. A value SLEPc rejects (unknown type, missing required option)
+        raises ``ValueError`` on every rank; an option *name* PETSc does not know
+        is ignored, as by PETSc itself. ``st_solver`` the LU package of
+        shift-invert (default MUMPS when available).
     grad_rtol, grad_maxiter, degenerate_rtol : backward
         Tolerance / limit of the projected MINRES solves of eigenvector
         gradients, and the relative eigenvalue gap below which eigenvector
@@ -162,8 +169,12 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
         (largest magnitude; ties within a relative ``eps**(1/3)`` go to the
         smallest global index, in the user's numbering when a partitioner
         renumbered the rows) is positive -- the same for every rank count and
-        backend.
-    info : :class:`EigenInfo` (when ``return_info``). ``residual_norms`` are always
+        backend for simple eigenvalues. For a repeated eigenvalue only the
+        eigenspace is determined: its columns are an M-orthonormal basis of it,
+        which depends on the backend and the rank count.
+    info : :class:`EigenInfo` (when ``return_info``). ``method`` names what ran
+        (SLEPc: ``eps.getType()`` after the options, plus the ST, e.g.
+        ``"krylovschur+sinvert"``); ``residual_norms`` are always
         explicit residuals of the *original* problem on the returned pairs,
         ``||A v - w M v|| / (max(|w|, 100 eps max|w| / tol) ||M v||)``;
         ``converged`` is the backend's own count (SLEPc's ``nconv``; torch: the
@@ -174,9 +185,16 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
     the symmetrisation convention and degenerate eigenvalues.
 
     Errors (raised on every rank): ``TypeError`` / ``ValueError`` naming the
-    argument; ``ValueError`` for a nonsymmetric ``A`` or ``M``, and for an ``M``
-    that is not positive definite (cheap checks, or detected by the solver);
-    :class:`EigenConvergenceError` on non-convergence.
+    argument; ``ValueError`` when a setting that must be identical on every rank
+    (``k``, ``which``, ``sigma``, ``tol``, ``maxiter``, ``backend``, ``method``,
+    ``ncv``, ``pc``, whether ``M`` / ``v0`` are given, dtype, ``return_info``,
+    ``raise_on_fail``, ``petsc_options``, ``options_prefix``, ...) differs
+    (checked in the same single reduction as the arguments); ``ValueError``
+    for a nonsymmetric ``A`` or ``M``, for an ``M`` that is not positive
+    definite (cheap checks, or detected by the solver) and for
+    ``petsc_options`` SLEPc rejects; :class:`EigenConvergenceError` on
+    non-convergence or a failed verification, its message naming the method
+    that ran (``info.method``).
     """
     t_start = time.perf_counter()
     dA = _as_row_shard(A, "A")

@@ -23,13 +23,11 @@ place when only the values changed.
 """
 from __future__ import annotations
 
-import contextlib
 import time
-from typing import Optional
 
 import torch
 
-from ..petsc import PETSc, vec_to_tensor
+from ..petsc import PETSc, temporary_options, vec_to_tensor
 
 try:
     from slepc4py import SLEPc
@@ -44,35 +42,6 @@ _WHICH = {
     "LM": SLEPc.EPS.Which.LARGEST_MAGNITUDE,
     "SM": SLEPc.EPS.Which.SMALLEST_MAGNITUDE,
 }
-
-
-@contextlib.contextmanager
-def _temporary_options(options: Optional[dict], prefix: Optional[str]):
-    """Put ``options`` into the PETSc database for the duration of the block and
-    restore the previous state afterwards (so one call's options do not leak
-    into the next)."""
-    if not options:
-        yield
-        return
-    opts = PETSc.Options(prefix)
-    saved = {}
-    for k, v in options.items():
-        key = k.lstrip("-")
-        saved[key] = opts.getString(key) if opts.hasName(key) else None
-        if v is None or v is True:
-            opts[key] = ""
-        elif v is False:
-            opts[key] = "false"
-        else:
-            opts[key] = str(v)
-    try:
-        yield
-    finally:
-        for key, old in saved.items():
-            if old is None:
-                opts.delValue(key)
-            else:
-                opts[key] = old
 
 
 def _mats(dA, dM):
@@ -147,13 +116,13 @@ class SlepcSession:
                       generalized=dM is not None, st_solver=st_solver)
         if options_prefix:
             eps.setOptionsPrefix(options_prefix)
-        with _temporary_options(petsc_options, options_prefix):
+        with temporary_options(petsc_options, options_prefix):
             eps.setFromOptions()
         eps.setUp()     # configuration errors surface here (ValueError in eigsh), not in solve
         self.main_ncv = int(eps.getDimensions()[1])
         st = eps.getST()
         self.method = str(eps.getType())
-        st_type = str(st.getType())
+        st_type = self.st_type = str(st.getType())
         if st_type not in ("shift", "precond") or st.getShift() != 0.0:
             self.method += "+" + st_type
 
@@ -194,8 +163,11 @@ class SlepcSession:
         eps = self.eps
         t0 = time.perf_counter()
         if deflate is not None:
-            # the first solve's basis size: a smaller one converges slower on clustered spectra
-            eps.setDimensions(nev=nev, ncv=self.main_ncv, mpd=PETSc.DECIDE)
+            # without a spectral transformation keep the first solve's basis size (a smaller
+            # one converges slower on clustered spectra); with one, each basis vector costs a
+            # solve and convergence takes a restart or two: SLEPc's size for nev
+            ncv = self.main_ncv if self.st_type not in ("sinvert", "cayley") else PETSc.DECIDE
+            eps.setDimensions(nev=nev, ncv=ncv, mpd=PETSc.DECIDE)
             eps.setDeflationSpace([self._vec(deflate[:, j]) for j in range(deflate.shape[1])])
         eps.setInitialSpace([self._vec(v0)])
         eps.solve()
