@@ -140,3 +140,71 @@ def test_wrong_first_dim_is_local_error(comm):
     # the plan still works afterwards
     xg = global_vec(seed=11)
     assert all_ok(comm, torch.equal(plan.forward(xg[s:e].clone()), xg[torch.from_numpy(ghosts)]))
+
+
+def test_plans_share_one_duplicated_communicator(comm):
+    """One Dup per parent communicator (cached as an attribute, as PETSc's inner
+    communicator): building many plans creates no communicators (each used to Dup,
+    and Open MPI fails near 65k communicators)."""
+    plans = [make_plan(comm, seed=s)[0] for s in range(3)]
+    t0 = MPI.Wtime()
+    for _ in range(3000):
+        HaloPlan(comm, plans[0].owned_range, plans[0].ghost_ids, offsets=plans[0].offsets)
+    elapsed = MPI.Wtime() - t0
+    if comm.size == 1:
+        assert all(p.comm == comm for p in plans)
+        return
+    from slasolve.halo import plan as planmod
+    inner = comm.Get_attr(planmod._KEYVAL)
+    ok = all(p.comm == inner.comm for p in plans) and inner.comm != comm
+    ok &= len({p.plan_id for p in plans}) == 3
+    assert all_ok(comm, ok)
+    assert elapsed < 60
+
+
+def test_plans_on_split_communicator_do_not_interfere(comm):
+    sub = comm.Split(comm.rank % 2, comm.rank)
+    try:
+        pw, s, e, gw = make_plan(comm, seed=12)
+        ps, ss, es, gs = make_plan(sub, seed=13)
+        xw, xs = global_vec(seed=14), global_vec(seed=15)
+        # interleave exchanges on both communicators
+        hw = pw.start_forward(xw[s:e].clone())
+        hs = ps.start_forward(xs[ss:es].clone())
+        ok = torch.equal(ps.finish(hs), xs[torch.from_numpy(gs)])
+        ok &= torch.equal(pw.finish(hw), xw[torch.from_numpy(gw)])
+        if sub.size > 1 and comm.size > 1:
+            ok &= pw.comm != ps.comm
+        assert all_ok(comm, ok)
+    finally:
+        sub.Free()
+
+
+def test_freeing_the_parent_frees_the_duplicate(comm):
+    sub = comm.Dup()
+    make_plan(sub, seed=16)
+    from slasolve.halo import plan as planmod
+    inner = sub.Get_attr(planmod._KEYVAL) if comm.size > 1 else None
+    sub.Free()
+    assert inner is None or inner.comm == MPI.COMM_NULL
+
+
+@pytest.mark.timeout(60)
+def test_bad_input_on_one_rank_raises_on_its_neighbours(comm):
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+    offs = offsets_for(comm.size)
+    s, e = int(offs[comm.rank]), int(offs[comm.rank + 1])
+    others = np.setdiff1d(np.arange(N_GLOBAL), np.arange(s, e))
+    plan = HaloPlan(comm, (s, e), torch.from_numpy(others))  # everybody needs everybody
+    x = torch.rand(e - s + (1 if comm.rank == 0 else 0), 2)
+    with pytest.raises(ValueError, match="rank 0|rows along dim 0"):
+        plan.forward(x)
+    g = torch.rand(len(others), 1 if comm.rank == 1 else 2)
+    with pytest.raises(ValueError, match="item"):
+        plan.reverse(g)
+    g32 = torch.rand(len(others), 2, dtype=torch.float32 if comm.rank == 0 else torch.float64)
+    with pytest.raises(ValueError, match="dtype"):
+        plan.reverse(g32)
+    xg = global_vec((2,), seed=17)
+    assert all_ok(comm, torch.equal(plan.forward(xg[s:e].clone()), xg[torch.from_numpy(others)]))
