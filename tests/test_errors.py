@@ -338,3 +338,27 @@ def test_write_mesh_mode_differs_on_one_rank(comm, tmp_path):
         write_mesh(path, mesh, gather=comm.rank == bad_rank(comm))
     assert not (tmp_path / "out.pvtu").exists() and list(tmp_path.iterdir()) == []
     still_alive(comm)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(problem="heat"), "problem must be"),
+    (dict(dim=4), "dim must be 2 or 3"),
+    (dict(cell="tetra"), "not a 2-D cell"),
+])
+def test_manufactured_solve_bad_on_one_rank(comm, kw, match):
+    from slasolve.fem import manufactured_solve
+    args = dict(problem="poisson", n=2 * comm.size, dim=2, comm=comm, pc="jacobi")
+    if comm.rank == bad_rank(comm):
+        args.update(kw)
+    with pytest.raises(ValueError, match=match):
+        manufactured_solve(**args)
+    still_alive(comm)
+
+
+def test_assemble_manufactured_bad_problem_on_one_rank(comm):
+    from slasolve.fem import box_mesh
+    from slasolve.fem.problems import assemble_manufactured
+    mesh = box_mesh((3, 2 * comm.size), cell="triangle", comm=comm)
+    with pytest.raises(ValueError, match="problem"):
+        assemble_manufactured("heat" if comm.rank == bad_rank(comm) else "poisson", mesh)
+    still_alive(comm)

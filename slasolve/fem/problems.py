@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .._comm import get_comm
+from .._comm import check_collective, get_comm
 from . import elements as _el
 from .assembly import Assembler
 from .bc import DirichletBC, boundary_dofs
@@ -138,8 +138,12 @@ class _Clock:
 def assemble_manufactured(problem: str, mesh: Mesh, *, young: float = 1.0, nu: float = 0.3,
                           kind: Optional[str] = None, kappa=1.0, clock=None):
     """Collective. ``(space, A, b, exact)`` of a manufactured problem on ``mesh``, with the
-    homogeneous Dirichlet condition on the whole boundary already applied."""
+    homogeneous Dirichlet condition on the whole boundary already applied. A bad or
+    differing ``problem`` raises ``ValueError`` on every rank."""
     dim = mesh.dim
+    err = None if problem in ("poisson", "elasticity") else ValueError(
+        f"problem must be 'poisson' or 'elasticity', got {problem!r}")
+    check_collective(mesh.comm, err, agree={"problem": problem})
     if problem == "poisson":
         space = Assembler(mesh, 1)
         if clock is not None:
@@ -176,13 +180,19 @@ def manufactured_solve(problem: str = "poisson", n: int = 16, dim: int = 2, cell
     from .. import solve
 
     comm = get_comm(comm)
-    if problem not in ("poisson", "elasticity"):
-        raise ValueError(f"problem must be 'poisson' or 'elasticity', got {problem!r}")
-    if dim not in (2, 3):
-        raise ValueError(f"dim must be 2 or 3, got {dim!r}")
-    cell = DEFAULT_CELL[dim] if cell is None else cell
-    if _el.cell_dim(cell) != dim:
-        raise ValueError(f"cell {cell!r} is not a {dim}-D cell")
+    err = None
+    try:
+        if problem not in ("poisson", "elasticity"):
+            raise ValueError(f"problem must be 'poisson' or 'elasticity', got {problem!r}")
+        if dim not in (2, 3):
+            raise ValueError(f"dim must be 2 or 3, got {dim!r}")
+        cell = DEFAULT_CELL[dim] if cell is None else cell
+        if _el.cell_dim(cell) != dim:
+            raise ValueError(f"cell {cell!r} is not a {dim}-D cell")
+    except (ValueError, TypeError) as e:   # raised on every rank (one rank alone would hang the rest)
+        err = e
+    check_collective(comm, err, agree={"problem": problem, "dim": dim, "cell": cell, "young": young, "nu": nu,
+                                       "kind": kind})
     clock = _Clock(comm)
     clock.start()
     mesh = box_mesh(n, cell=cell, comm=comm)
