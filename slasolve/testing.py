@@ -394,7 +394,9 @@ def _run_collective_example(comm, example, check) -> Optional[str]:
     err = None
     try:
         check(example)
-    except Exception as e:  # any failure on any rank fails the example on every rank
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # any failure on any rank (pytest.fail/raises too) fails it on every rank
         err = _describe(e)
     errs = comm.allgather(err) if comm.Get_size() > 1 else [err]
     bad = [(r, m) for r, m in enumerate(errs) if m is not None]
