@@ -380,3 +380,59 @@ def test_mpi_matches_serial():
     assert info.converged == 4
     np.testing.assert_allclose(w.numpy(), ws.numpy(), rtol=1e-10)
     np.testing.assert_allclose(gather(V), Vs.numpy(), atol=1e-7)
+
+
+# ----------------------------------------------------------------- deflation
+def _dense_pairs(Asp, Bsp=None):
+    w, U = scipy.linalg.eigh(Asp.toarray(), None if Bsp is None else Bsp.toarray())
+    return w, torch.from_numpy(U)
+
+
+@pytest.mark.parametrize("kernel", ["lanczos", "lobpcg"])
+@pytest.mark.parametrize("generalized", [False, True])
+def test_deflate_returns_next_eigenpairs(kernel, generalized):
+    """With ``deflate=(Y, BY)`` (known eigenvectors) the kernels return the wanted end of
+    the remaining spectrum (LAPACK reference)."""
+    if generalized:
+        Asp, Bsp = p1_pair(120)
+    else:
+        Asp, Bsp = laplacian((13, 11)), None
+    n = Asp.shape[0]
+    ref, U = _dense_pairs(Asp, Bsp)
+    Y = U[:, :3]
+    BY = Y if Bsp is None else torch.from_numpy(Bsp @ Y.numpy())
+    B = None if Bsp is None else torch_op(Bsp)
+    if kernel == "lanczos":
+        w, V, info = lanczos(torch_op(Asp), start_vectors(n, 1, dtype=DT), 3, which="SA", B=B,
+                             B_solve=None if Bsp is None else lu_op(Bsp), tol=1e-10, ncv=30, maxiter=3000,
+                             deflate=(Y, BY))
+    else:
+        w, V, info = lobpcg(torch_op(Asp), start_vectors(n, 6, dtype=DT), B=B, T=lu_op(Asp), k=3, tol=1e-10,
+                            maxiter=500, deflate=(Y, BY))
+    assert info.converged == 3, info
+    np.testing.assert_allclose(w.numpy(), ref[3:6], rtol=1e-8)
+    assert float((BY.mT @ V).abs().max()) < 1e-8          # in the complement
+
+
+def test_lanczos_repeated_eigenvalue_found_by_deflated_restart():
+    """Single-vector Lanczos finds one copy of a double eigenvalue (square grid); a
+    restart deflated by the found vectors, from a new start vector, finds the other."""
+    Asp = laplacian((12, 12))
+    n = Asp.shape[0]
+    ref = analytic((12, 12))
+    assert abs(ref[1] - ref[2]) < 1e-12 and ref[3] - ref[2] > 1e-3
+    w, V, info = lanczos(torch_op(Asp), start_vectors(n, 1, dtype=DT), 2, which="SA", tol=1e-11, ncv=30,
+                         maxiter=3000)
+    np.testing.assert_allclose(w.numpy(), ref[:2], rtol=1e-9)
+    w2, V2, _ = lanczos(torch_op(Asp), start_vectors(n, 1, seed=5, dtype=DT), 1, which="SA", tol=1e-11,
+                        ncv=30, maxiter=3000, deflate=(V, V))
+    np.testing.assert_allclose(w2.numpy(), ref[2:3], rtol=1e-9)
+
+
+def test_deflate_errors():
+    A = torch_op(laplacian((6,)))
+    Y = torch.linalg.qr(start_vectors(6, 3, dtype=DT))[0]
+    with pytest.raises(ValueError, match="deflated"):
+        lobpcg(A, start_vectors(6, 4, dtype=DT), k=2, deflate=(Y, Y))
+    with pytest.raises(ValueError, match="deflated"):
+        lanczos(A, start_vectors(6, 1, dtype=DT), 3, ncv=4, deflate=(Y, Y))
