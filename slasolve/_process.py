@@ -69,7 +69,6 @@ _TAG_ASK, _TAG_HERE = 7301, 7302
 
 class _State:
     abort = False            # excepthook installed and sys.exit(n != 0) aborts
-    hook = None              # our sys.excepthook
     previous_hook = None     # the hook ours chains to
     original_exit = None     # sys.exit before we wrapped it
     exit_status = None       # last status given to sys.exit (a hint, see _exit_watchdog)
@@ -103,6 +102,8 @@ def _env_timeout() -> float:
         return DEFAULT_EXIT_TIMEOUT
     try:
         t = float(value)
+        if t != t:
+            raise ValueError("nan")
     except ValueError:
         print(f"slasolve: ignoring {ENV_TIMEOUT}={value!r} (not a number of seconds); "
               f"using {DEFAULT_EXIT_TIMEOUT:g}", file=sys.stderr)
