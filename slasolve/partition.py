@@ -36,7 +36,8 @@ Conventions (decisions recorded here)
   pattern the distinction vanishes.
 * The renumbering is stable: inside a part, rows keep their original order.
 * A partition in which some part is empty is an error (``ValueError``), never
-  silently repaired.
+  silently repaired; ``Partition.from_parts(..., allow_empty=True)`` builds one on
+  purpose (ranks owning no rows, which PETSc and ``DSparseTensor`` support).
 """
 from __future__ import annotations
 
@@ -259,6 +260,8 @@ class Partition:
         nparts: int,
         graph: Any = None,
         method: str = "custom",
+        *,
+        allow_empty: bool = False,
     ) -> "Partition":
         """Local (not collective). Build a partition from a part id per row.
 
@@ -272,6 +275,10 @@ class Partition:
             ``(n, n)`` pattern used to compute :attr:`Partition.quality`.
         method : str, optional
             Name recorded on the result.
+        allow_empty : bool, optional
+            Accept parts without rows (ranks owning no rows, as PETSc allows;
+            ``DSparseTensor.from_global`` supports them). Default ``False``: an
+            empty part is usually a partitioner's failure.
 
         Returns
         -------
@@ -283,7 +290,7 @@ class Partition:
             If ``nparts`` is not an integer or ``parts`` is not integral.
         ValueError
             If ``parts`` is not 1-D, has ids outside ``[0, nparts)``, some part
-            is empty, or ``graph`` does not match.
+            is empty (unless ``allow_empty``), or ``graph`` does not match.
         """
         p = np.asarray(parts)
         if p.ndim != 1:
@@ -295,14 +302,14 @@ class Partition:
                 raise TypeError(f"parts must hold integers, got dtype {p.dtype}")
         p = p.astype(np.int64, copy=True)
         n = int(p.shape[0])
-        k = _check_nparts(nparts, n)
+        k = _check_nparts(nparts, n if not allow_empty else np.iinfo(np.int64).max)
         if n and (p.min() < 0 or p.max() >= k):
             raise ValueError(
                 f"parts must lie in [0, {k}), got values in [{int(p.min())}, {int(p.max())}]"
             )
         sizes = np.bincount(p, minlength=k)
         empty = np.flatnonzero(sizes == 0)
-        if empty.size:
+        if empty.size and not allow_empty:
             shown = ", ".join(str(int(e)) for e in empty[:10])
             more = f" (and {empty.size - 10} more)" if empty.size > 10 else ""
             raise ValueError(

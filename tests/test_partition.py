@@ -370,3 +370,32 @@ def test_speed_smoke_1m_nodes_128_parts():
         assert q.load_imbalance <= 1.01
         # a good 128-way split of a 1000^2 grid cuts ~ 2 * sqrt(128) * 1000 edges
         assert q.edge_cut < 50_000
+
+
+def test_from_parts_allow_empty():
+    p = Partition.from_parts([0, 0, 2, 2], 3, allow_empty=True)
+    assert list(p.offsets) == [0, 2, 2, 4] and list(p.perm) == [0, 1, 2, 3]
+    p = Partition.from_parts([1, 1], 4, allow_empty=True)  # more parts than rows
+    assert list(p.offsets) == [0, 0, 2, 2, 2]
+    with pytest.raises(ValueError, match=r"exceeds the number of rows"):
+        Partition.from_parts([1, 1], 4)
+
+
+@pytest.mark.mpi
+def test_from_global_with_an_empty_part(comm):
+    """from_global accepts a Partition with an empty part: that rank owns no rows."""
+    import torch
+    from mpi4py import MPI
+    from slasolve import DSparseTensor
+    from slasolve.testing import poisson_matrix
+    A = poisson_matrix((7, 5))
+    n, size = A.shape[0], comm.size
+    rows_part = np.arange(n) % max(size - 1, 1) + (1 if size > 1 else 0)  # part 0 empty
+    part = Partition.from_parts(rows_part, size, allow_empty=True)
+    dA = DSparseTensor.from_global(A, comm, partition=part)
+    assert dA.n_local == (0 if comm.rank == 0 and size > 1 else dA.n_local)
+    x = torch.rand(n, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    y = dA.gather(dA @ dA.scatter(x, root=None), root=None)
+    z = dA.gather(dA.T @ dA.scatter(x, root=None), root=None)
+    ok = np.allclose(y.numpy(), A @ x.numpy(), rtol=1e-13) and np.allclose(z.numpy(), A.T @ x.numpy(), rtol=1e-13)
+    assert comm.allreduce(int(ok), op=MPI.MIN) == 1
