@@ -733,3 +733,17 @@ def test_call_history_equals_fresh(comm, backend):
     P, v = changed(0.9)
     same(eigsh(dA.with_values(v), **kw), fresh(P))       # with_values
     same(eigsh(dA.with_values(torch.tensor(base.data[lo:hi])), **kw), ref0)
+
+
+@pytest.mark.mpi
+def test_multiplicity_k_close_to_n(comm):
+    """k close to n (the verification's complement is small: Rayleigh-Ritz on it)."""
+    A = laplacian((4, 4))
+    ref = scipy.linalg.eigh(A.toarray(), eigvals_only=True)
+    dA = dist(A, comm)
+    for backend, method in (("slepc", None), ("torch", None), ("torch", "lanczos")):
+        for k, which in ((10, "SA"), (15, "LA"), (12, "LM")):
+            w, _, info = eigsh(dA, k=k, which=which, backend=backend, method=method, tol=1e-10,
+                               return_info=True)
+            assert info.verified
+            np.testing.assert_allclose(w.numpy(), _wanted_ref(ref, k, which, None), rtol=1e-9)
