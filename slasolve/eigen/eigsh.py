@@ -770,12 +770,14 @@ class _TorchSolver:
                                     tol=self.tol, maxiter=self.maxiter, ncv=ncv, deflate=defl, **self.kw)
             w = self.sigma + 1.0 / theta
         if deflate is not None:
-            # candidates for the verification: converged pairs, most wanted first
+            # candidates for the verification: the converged prefix in wanted order (a
+            # converged pair behind an unconverged more wanted one proves nothing)
             ok = torch.tensor([r <= self.tol for r in inf.residual_norms], dtype=torch.bool)
-            order = torch.argsort(_want_key(w, self.which, self.sigma))
-            order = order[ok[order]]
-            w, V = w[order], V[:, order]
-            return w, V, int(ok.sum()), inf.iterations, time.perf_counter() - t1
+            order = torch.argsort(_want_key(w, self.which, self.sigma), stable=True)
+            okw = ok[order]
+            nconv = int(okw.numel() if bool(okw.all()) else int(torch.nonzero(~okw)[0]))
+            order = order[:nconv]
+            return w[order], V[:, order], nconv, inf.iterations, time.perf_counter() - t1
         return w, V, inf.converged, inf.iterations, time.perf_counter() - t1
 
     def close(self):
