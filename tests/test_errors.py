@@ -127,21 +127,6 @@ def test_local_rows_do_not_add_up(comm):
     still_alive(comm)
 
 
-def test_rank_with_zero_rows(comm):
-    needs_two(comm)
-    A = A_SMALL
-    n = A.shape[0]
-    # the bad rank owns nothing; rank 0 takes its share
-    counts = np.full(comm.size, n // (comm.size - 1))
-    counts[-1] = 0
-    counts[0] += n - counts.sum()
-    offs = np.concatenate([[0], np.cumsum(counts)])
-    B = A[offs[comm.rank]:offs[comm.rank + 1]]
-    with pytest.raises(ValueError, match="owns no rows"):
-        DSparseTensor.from_local_rows(B.indptr, B.indices, torch.from_numpy(B.data.copy()), A.shape, comm)
-    still_alive(comm)
-
-
 def test_n_local_cols_on_one_rank_only(comm):
     needs_two(comm)
     ip, ix, v, shape = local_rows(comm, A_SMALL)
@@ -164,9 +149,9 @@ def test_bad_partition_name(comm):
     A = random_matrix(20, seed=1)
     with pytest.raises(ValueError, match="method"):
         DSparseTensor.from_global(A if comm.rank == 0 else None, comm, partition="nope")
-    # given on the root only (the only rank that partitions)
+    # given on the root only: the ranks disagree (or, on one rank, the name is bad)
     part = "nope" if comm.rank == 0 else "contiguous"
-    with pytest.raises(ValueError, match="method"):
+    with pytest.raises(ValueError, match="method|differ: partition"):
         DSparseTensor.from_global(A, comm, partition=part)
     still_alive(comm)
 
@@ -190,14 +175,6 @@ def test_from_global_bad_matrix_on_root(comm):
     A[3, 4] = np.nan
     with pytest.raises(ValueError, match="NaN"):
         DSparseTensor.from_global(A.tocsr() if comm.rank == 0 else None, comm)
-    still_alive(comm)
-
-
-def test_from_global_too_few_rows(comm):
-    needs_two(comm)
-    A = random_matrix(comm.size - 1, density=1.0, seed=1) if comm.size > 1 else None
-    with pytest.raises(ValueError, match="fewer than"):
-        DSparseTensor.from_global(A if comm.rank == 0 else None, comm)
     still_alive(comm)
 
 
@@ -231,7 +208,7 @@ def test_gather_bad_on_one_rank(comm, dA):
 
 
 def test_scatter_bad_on_root(comm, dA):
-    with pytest.raises(ValueError, match="rows"):
+    with pytest.raises(ValueError, match="x_global must have shape"):
         dA.scatter(torch.zeros(3) if comm.rank == 0 else None, root=0)
     with pytest.raises(TypeError, match="x_global"):
         dA.scatter(None, root=0)
