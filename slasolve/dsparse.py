@@ -4,8 +4,10 @@ Row-sharded tensors are laid out as PETSc's MPIAIJ: each rank owns the block row
 ``[rstart, rend)`` and keeps its rows split into a *diagonal block* (owned
 columns, local ids) and an *off-diagonal block* (ghost columns, compressed ids),
 plus the global id of each ghost. The user-facing ``values`` are the local rows'
-values in CSR order with sorted global columns; the two blocks are gathered
-from them by index, so gradients reach ``values`` directly.
+values in CSR order with sorted global columns. The two blocks are index sets
+into them (patterns only): every product reads ``values`` as they are at call
+time (no cached copy of the values that a ``.data`` write could leave stale),
+and gradients reach ``values`` directly.
 """
 from __future__ import annotations
 

@@ -306,3 +306,20 @@ def test_value_gradient_formula():
     (S.with_values(v) @ x).dot(g).backward()
     expect = g[S.row_indices()] * x[S.indices]
     assert torch.allclose(v.grad, expect, rtol=1e-14, atol=0)
+
+
+@pytest.mark.parametrize("block", [None, (2, 3)])
+def test_products_see_writes_that_bypass_version(block):
+    """SparseTensor caches patterns only: ``.data`` / NumPy-view writes reach every product."""
+    import scipy.sparse as sp
+    A = sp.random(12, 18, density=0.3, random_state=0, format="csr")
+    S = SparseTensor.from_scipy(A if block is None else A.tobsr(blocksize=block))
+    x = torch.rand(18, dtype=torch.float64)
+    y = torch.rand(12, dtype=torch.float64)
+    for t in (S @ x, S.T @ y, S.to_dense(), S.diagonal()):
+        pass  # fill whatever could be cached
+    S.values.data.mul_(2.0)
+    S.values.numpy()[...] *= -1.5
+    assert np.allclose((S @ x).numpy(), -3.0 * (A @ x.numpy()), rtol=1e-13)
+    assert np.allclose((S.T @ y).numpy(), -3.0 * (A.T @ y.numpy()), rtol=1e-13)
+    assert np.allclose(S.to_dense().numpy(), -3.0 * A.toarray(), rtol=1e-13)
