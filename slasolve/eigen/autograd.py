@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import torch
 
-from .._comm import allreduce_sum
+from .._comm import allreduce_sum, check_collective
 from ..autograd import matvec_value_grad
 from .info import EigenConvergenceError
 
@@ -130,7 +130,12 @@ def _eig_value_grads(st, w, V, gw, gV, want_A, want_M):
     if gw is None:
         gw = torch.zeros_like(w)
     gw = gw.to(dt)
-    _check_eigenvalue_grads(st, w, gw)
+    err = None
+    try:   # gw may differ between ranks (a rank-dependent loss): decide together
+        _check_eigenvalue_grads(st, w, gw)
+    except ValueError as e:
+        err = e
+    check_collective(comm, err)
     Ls_A.append(V * gw[None, :])
     Rs_A.append(V)
     coefM = -(gw * w)
