@@ -461,3 +461,22 @@ def test_gamg_rebuilt_after_large_value_change(comm):
     xs = spla.spsolve(Kg, fg)
     d0 = sum(comm.allgather(x2.numel())[:comm.rank])
     _close(x2, torch.from_numpy(xs[d0:d0 + x2.numel()]), comm, 1e-6)
+
+
+@pytest.mark.parametrize("rtol", [1e-6, 1.0])
+def test_minres_with_pc_converged_means_true_residual(comm, rtol):
+    """PETSc's MINRES tests the preconditioned norm; "converged" must still mean
+    ||b - A x|| <= max(rtol ||b||, atol)."""
+    A = poisson2d(9)
+    d = sp.diags(1.0 + 30.0 * np.abs(np.sin(np.arange(81.0) * 0.7)))
+    A = (d @ A @ d).tocsr()
+    dA, bg, r0, r1 = _setup(comm, A)
+    b = bg[r0:r1].clone()
+    x0 = torch.from_numpy(np.cos(np.arange(81.0) * 2.1))[r0:r1] * 3.0
+    x, info = slasolve.minres(dA, b, pc="jacobi", rtol=rtol, x0=x0, backend="petsc", raise_on_fail=False)
+    r = b - dA @ x
+    rn = float(np.sqrt(comm.allreduce(float((r ** 2).sum()))))
+    bn = float(np.sqrt(comm.allreduce(float((b ** 2).sum()))))
+    assert info.converged, info.reason
+    assert rn <= rtol * bn * (1 + 1e-10), (rn, rtol * bn)
+    assert info.residual_norm == pytest.approx(rn, rel=1e-6)

@@ -4,8 +4,11 @@ Tolerances: PETSc's default convergence test ``||r|| <= max(rtol ||b||, atol)``
 on the *unpreconditioned* residual norm (CG: left preconditioning with
 ``KSP_NORM_UNPRECONDITIONED``; GMRES/BiCGStab: right preconditioning), so
 ``rtol`` means what it means in SciPy. MINRES in PETSc 3.18 supports only the
-preconditioned norm: with a preconditioner its ``rtol`` applies to ``||B r||``
-(``SolveInfo.norm`` says which norm was tested).
+preconditioned norm: with a preconditioner PETSc tests ``||B r||``; when it reports
+convergence slasolve checks the true residual ``||b - A x||`` (one product) and, if
+that is above ``max(rtol ||b||, atol)``, continues from ``x`` with a tighter tolerance
+(within ``maxiter``), else reports ``DIVERGED_ITS``; the same for any KSP the options
+put on another norm. ``SolveInfo.residual_norm`` is then the true residual.
 
 The KSP is cached (see ``solve._solver``) and reused while only the right-hand
 side changes. Nothing a call asks for survives into the next call:
@@ -256,17 +259,19 @@ class PetscKrylov:
                 ksp.solveTranspose(B, X)
             else:
                 ksp.solve(B, X)
+            reason = reason_name(ksp.getConvergedReason())
+            its, rnorm = int(ksp.getIterationNumber()), float(ksp.getResidualNorm())
+            if ksp.getNormType() != PETSc.KSP.NormType.UNPRECONDITIONED:
+                tol = a if absolute else max(r * bnorm, a)
+                reason, its, rnorm = _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason)
             t2 = time.perf_counter()
             history = mon.history
         finally:
             mon.history = mon.callback = None
             B.destroy(), X.destroy()
-        reason = reason_name(ksp.getConvergedReason())
-        rnorm = float(ksp.getResidualNorm())
         if absolute and reason == "CONVERGED_ATOL" and not (atol > 0 and rnorm <= atol):
             reason = "CONVERGED_RTOL"
-        info = self._info(reason, int(ksp.getIterationNumber()), rnorm, history, t1 - t0, t2 - t1, rtol, atol,
-                          ksp)
+        info = self._info(reason, its, rnorm, history, t1 - t0, t2 - t1, rtol, atol, ksp)
         return x.to(device=b.device, dtype=b.dtype), info
 
     def _initial_guess_only(self, ksp, B, x, b, r, a, bnorm, rtol, atol, record_history, transpose):
@@ -344,6 +349,39 @@ class PetscKrylov:
             if obj is not None:
                 obj.destroy()
         self.ksp = self._ksp_T = self._matT = None
+
+
+_VERIFY_ROUNDS = 20
+
+
+def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason):
+    """Collective. Make "converged" mean ``||b - A x|| <= tol`` when PETSc tested another
+    norm (MINRES with a preconditioner tests ``||B r||``; options may select
+    ``-ksp_norm_type preconditioned/natural/none``): when the true residual is too large,
+    continue from ``x`` with a tighter absolute tolerance on PETSc's norm, within the
+    remaining ``max_it``; if that does not get there, report ``DIVERGED_ITS``.
+    Returns ``(reason, iterations, true residual norm)``."""
+    A = ksp.getOperators()[0]
+    R = B.duplicate()
+    try:
+        for rounds in range(_VERIFY_ROUNDS + 1):
+            (A.multTranspose if transpose else A.mult)(X, R)
+            R.aypx(-1.0, B)  # R = B - A X
+            true = R.norm()
+            if true <= tol or not reason.startswith("CONVERGED"):
+                break
+            if rounds == _VERIFY_ROUNDS or its >= max_it or ksp.getNormType() == PETSc.KSP.NormType.NONE:
+                reason = "DIVERGED_ITS"
+                break
+            pnorm = float(ksp.getResidualNorm())
+            ksp.setTolerances(rtol=0.0, atol=0.5 * pnorm * tol / true, max_it=max_it - its)
+            ksp.setInitialGuessNonzero(True)
+            (ksp.solveTranspose if transpose else ksp.solve)(B, X)
+            its += int(ksp.getIterationNumber())
+            reason = reason_name(ksp.getConvergedReason())
+    finally:
+        R.destroy()
+    return reason, its, float(true)
 
 
 def _read_overrides(prefix) -> dict:
