@@ -264,6 +264,7 @@ class PetscKrylov:
             if ksp.getNormType() != PETSc.KSP.NormType.UNPRECONDITIONED:
                 tol = a if absolute else max(r * bnorm, a)
                 reason, its, rnorm = _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason)
+            _sync_solution(X, x)
             t2 = time.perf_counter()
             history = mon.history
         finally:
@@ -338,7 +339,7 @@ class PetscKrylov:
         if self._ksp_T_state is None or state != self._ksp_T_state:
             if self._matT is not None:
                 self._matT.destroy()
-            self._matT = mat.transpose()
+            self._matT = mat.transpose(PETSc.Mat())  # petsc4py: transpose() without out is IN PLACE
             self._ksp_T.setOperators(self._matT)
             self._ksp_T_state = state
         return self._run(self._ksp_T, dA, b, None, False, reset_operators=False, **kw)
@@ -352,6 +353,15 @@ class PetscKrylov:
 
 
 _VERIFY_ROUNDS = 20
+
+
+def _sync_solution(X, x: torch.Tensor) -> None:
+    """Local. Make sure ``x`` holds the solution: some PCs (hypre) swap the array under a
+    Vec created over user memory, leaving the solution in PETSc-owned storage."""
+    arr = X.getArray(readonly=True)
+    xn = x.numpy()
+    if arr.__array_interface__["data"][0] != xn.__array_interface__["data"][0]:
+        xn[...] = arr
 
 
 def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason):
