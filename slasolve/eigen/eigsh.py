@@ -260,6 +260,7 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
                              method=method_name, backend=backend, setup_time=t_setup + solver.setup_time,
                              solve_time=solve_t, matvecs=0)
             w_next = None
+            info.verified = False
             if info.converged >= k and solver.block_safe and (not needs_grad or solver.dense):
                 info.verified = True    # block method with block >= k, or dense: no lost copies (Notes)
             elif info.converged >= k:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 __all__ = ["EigenInfo", "EigenConvergenceError"]
 
@@ -42,9 +43,10 @@ class EigenInfo:
     matvecs:
         Number of columns the operator ``A`` was applied to.
     verified:
-        True when the deflated verification (see :func:`slasolve.eigsh`, Notes)
-        confirmed that the ``k`` eigenvalues are the wanted ones counted with
-        multiplicity.
+        :func:`slasolve.eigsh`: True when its multiplicity verification (Notes
+        there) confirmed that the ``k`` eigenvalues are the wanted ones counted
+        with multiplicity, False when it failed or did not run (unconverged);
+        None for the bare kernels of :mod:`slasolve.eigen.torch_methods`.
     verify_rounds, verify_time:
         Number of deflated verification solves, and their seconds (included in
         ``solve_time``).
@@ -59,14 +61,14 @@ class EigenInfo:
     setup_time: float = 0.0
     solve_time: float = 0.0
     matvecs: int = 0
-    verified: bool = False
+    verified: Optional[bool] = None
     verify_rounds: int = 0
     verify_time: float = 0.0
 
     @property
     def success(self) -> bool:
-        """True when all ``k`` requested pairs converged and were verified."""
-        return self.converged >= self.k and self.verified
+        """True when all ``k`` requested pairs converged and (eigsh) were verified."""
+        return self.converged >= self.k and self.verified is not False
 
 
 class EigenConvergenceError(RuntimeError):
