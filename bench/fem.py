@@ -185,6 +185,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from slasolve import abort_on_unhandled_exception
-    abort_on_unhandled_exception()
-    sys.exit(main())
+    sys.exit(main())  # import slasolve already aborts the job on an unhandled exception

@@ -117,7 +117,8 @@ def main(argv=None, comm=None) -> int:
         times["write"] = time.perf_counter() - t0
         say(f"wrote {path}")
     say(f"global dofs {r.n_dofs}, h = 1/{r.n}")
-    say(f"L2 error {r.error_l2:.6e}, {r.iterations} iterations ({getattr(r.info, 'reason', '')})")
+    ran = f"{getattr(r.info, 'method', '?')} + {getattr(r.info, 'pc', '?')}"  # after -ksp_type etc.
+    say(f"L2 error {r.error_l2:.6e}, {r.iterations} iterations of {ran} ({getattr(r.info, 'reason', '')})")
     say("time [s]: " + ", ".join(f"{k} {v:.3f}" for k, v in times.items()))
     return 0 if r.converged else 1
 
