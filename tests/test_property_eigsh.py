@@ -142,6 +142,6 @@ def _known_eig_cases(which):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_eigsh_matches_lapack(comm, backend, which):
     collective_property(comm, eig_cases(which), lambda ex: _check_eigsh(comm, backend, ex),
-                        name=f"eigsh-{backend}-{which}", examples=8 if backend == "slepc" else 4,
+                        name=f"eigsh-{backend}-{which}", examples=6 if backend == "slepc" else 3,
                         full_examples=200,
-                        explicit=_known_eig_cases(which))
+                        explicit=_known_eig_cases(which)[:2 if backend == "slepc" else 1])

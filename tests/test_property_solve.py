@@ -153,7 +153,7 @@ def _known_solve_cases(method):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_solve_matches_spsolve(comm, backend, method):
     collective_property(comm, solve_cases(backend, method), lambda ex: _check_well_posed(comm, backend, ex),
-                        name=f"solve_matches_spsolve-{backend}-{method}", examples=12, full_examples=300,
+                        name=f"solve_matches_spsolve-{backend}-{method}", examples=8, full_examples=300,
                         explicit=_known_solve_cases(method))
 
 
