@@ -131,11 +131,12 @@ def _check_eigsh(comm, backend, ex):
 
 def _known_eig_cases(which):
     """Always run: repeated eigenvalues (square grid: multiplicity 2; "repeated": every
-    eigenvalue doubled, generalized)."""
+    eigenvalue doubled, generalized), a small block matrix (k close to n)."""
     base = {"kind": "grid2d", "n": 36, "seed": 0, "partition": "contiguous", "k": 4,
             "which": "LM" if which == "sigma" else which,
             "sigma_at": (0.3, 0.3) if which == "sigma" else None, "generalized": False}
-    return [base, dict(base, kind="repeated", n=24, k=6, partition="metis", generalized=True)]
+    return [base, dict(base, kind="repeated", n=24, k=6, partition="metis", generalized=True),
+            dict(base, kind="block2", n=8, k=4)]
 
 
 @pytest.mark.parametrize("which", ["LA", "SA", "LM", "SM", "sigma"])
@@ -144,4 +145,5 @@ def test_eigsh_matches_lapack(comm, backend, which):
     collective_property(comm, eig_cases(which), lambda ex: _check_eigsh(comm, backend, ex),
                         name=f"eigsh-{backend}-{which}", examples=6 if backend == "slepc" else 3,
                         full_examples=200,
-                        explicit=_known_eig_cases(which)[:2 if backend == "slepc" else 1])
+                        explicit=_known_eig_cases(which)[:2] if backend == "slepc" else
+                        _known_eig_cases(which)[::2])
