@@ -747,3 +747,15 @@ def test_multiplicity_k_close_to_n(comm):
                                return_info=True)
             assert info.verified
             np.testing.assert_allclose(w.numpy(), _wanted_ref(ref, k, which, None), rtol=1e-9)
+
+
+@pytest.mark.parametrize("backend", ["torch", "slepc"])
+@pytest.mark.parametrize("which,k", [("LA", 4), ("LM", 4), ("SA", 5), ("SA", 7)])
+def test_block_matrix_sizes_count_scalar_rows(backend, which, k):
+    # 8 scalar rows in 4 blocks of 2: k and the basis sizes are counted in scalar rows
+    from slasolve import testing as T
+    A, _, _ = T.case_matrix("block2", 8, 0)
+    ref = np.linalg.eigvalsh(A.toarray())
+    want = {"LA": ref[::-1][:k], "SA": ref[:k], "LM": ref[np.argsort(-np.abs(ref))][:k]}[which]
+    w, _ = eigsh(SparseTensor.from_scipy(A), k=k, which=which, backend=backend)
+    np.testing.assert_allclose(np.sort(w.numpy()), np.sort(want), atol=1e-10)

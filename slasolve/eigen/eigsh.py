@@ -690,7 +690,7 @@ class _TorchSolver:
         self.dA, self.dM = dA, dM
         self.tol, self.ncv, self.k = tol, ncv, k
         self.rs = rs
-        self.n_global = int(dA.global_shape[0])
+        self.n_global = int(dA.global_shape[0]) * (dA.block_shape[0] if dA.block_shape else 1)  # scalar rows
         self.kw = dict(reduce_sum=rs, reduce_max=rm, row_offset=row_offset, row_ids=row_ids)
         self.row_offset, self.row_ids = row_offset, row_ids
         comm = dA.comm

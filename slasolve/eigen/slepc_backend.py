@@ -96,7 +96,7 @@ class SlepcSession:
                  petsc_options=None, st_solver=None):
         t0 = time.perf_counter()
         self.comm = dA.comm
-        self.n_global = int(dA.global_shape[0])
+        self.n_global = int(dA.global_shape[0]) * (dA.block_shape[0] if dA.block_shape else 1)  # scalar rows
         self.ncv = ncv
         self._shared_M = dM is not None and dM._layout is dA._layout
         self.Am, self.Mm = _mats(dA, dM)
