@@ -46,6 +46,7 @@ from typing import Optional
 
 import torch
 
+from .._comm import check_collective
 from ..petsc import PETSc, option_entries, temporary_options
 from .info import REASONS, SolveInfo
 from .torch_methods import default_maxiter
@@ -59,6 +60,10 @@ _SYMMETRIC = {"cg", "minres"}
 _GUESS_STATE = {"bcgs", "fbcgs", "fbcgsr", "pipebcgs"}
 # option defaults slasolve sets (only where the options database has no entry)
 _DEFAULT_ENTRIES = {"pc_gamg_reuse_interpolation": "false"}
+# preconditioners whose PETSc set-up fails (on the ranks holding it, inside collective
+# set-up) or divides by a zero diagonal entry
+_ROUNDING_FLOOR = 1e3 * 2.220446049250313e-16  # x eps (||b|| + ||A x||)
+_NEEDS_DIAGONAL = ("gamg", "ilu", "icc", "bjacobi", "asm", "sor")
 # options that override the keyword arguments: name -> (getter, key)
 _OVERRIDES = {"ksp_rtol": ("getReal", "rtol"), "ksp_atol": ("getReal", "atol"),
               "ksp_divtol": ("getReal", "divtol"), "ksp_max_it": ("getInt", "max_it")}
@@ -203,6 +208,7 @@ class PetscKrylov:
         with temporary_options(self._entries, options_prefix):
             ksp.setFromOptions()
             self._overrides = _read_overrides(options_prefix)
+        check_collective(self.comm, _diagonal_error(dA, ksp.getPC().getType()))  # before the collective set-up
         ksp.setUp()  # configuration errors surface here, inside the collective check
         self.ksp_type = ksp.getType()
         self.pc_type = ksp.getPC().getType()
@@ -251,19 +257,27 @@ class PetscKrylov:
         mon = self._monitor
         mon.history = [] if record_history else None
         mon.callback = callback
+        t0 = time.perf_counter()
         try:
-            t0 = time.perf_counter()
-            ksp.setUp()
-            t1 = time.perf_counter()
+            self._set_up(ksp, dA)
+        except ValueError:
+            B.destroy(), X.destroy()
+            raise
+        t1 = time.perf_counter()
+        try:
             if transpose:
                 ksp.solveTranspose(B, X)
             else:
                 ksp.solve(B, X)
             reason = reason_name(ksp.getConvergedReason())
             its, rnorm = int(ksp.getIterationNumber()), float(ksp.getResidualNorm())
-            if ksp.getNormType() != PETSc.KSP.NormType.UNPRECONDITIONED:
+            if reason.startswith("CONVERGED"):
+                # PETSc tests a recurrence (GMRES: the least-squares residual) or another norm;
+                # "converged" must mean the true residual passes (GMRES + GAMG on a singular,
+                # inconsistent system reported 1e-9 for a true residual of 1). One MatMult.
                 tol = a if absolute else max(r * bnorm, a)
-                reason, its, rnorm = _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason)
+                reason, its, rnorm = _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason,
+                                                            float(bnorm))
             _sync_solution(X, x)
             t2 = time.perf_counter()
             history = mon.history
@@ -274,6 +288,28 @@ class PetscKrylov:
             reason = "CONVERGED_RTOL"
         info = self._info(reason, its, rnorm, history, t1 - t0, t2 - t1, rtol, atol, ksp)
         return x.to(device=b.device, dtype=b.dtype), info
+
+    def _set_up(self, ksp, dA) -> None:
+        """Collective. Set up the KSP and the preconditioner's local blocks now, and raise on
+        every rank if PETSc failed on any. Block-Jacobi/ASM sub-solvers are otherwise set up
+        lazily inside ``KSPSolve``, where an error on one rank (ILU of a block with a missing
+        diagonal entry) leaves the others waiting in the iteration's reductions. GAMG and
+        the factorisations need a nonzero diagonal; PETSc fails on the ranks that hold a zero
+        one inside its collective set-up, so that is checked first, on every rank."""
+        err = None
+        try:
+            _check_diagonal(dA, ksp.getPC().getType())
+            ksp.setUp()
+            ksp.setUpOnBlocks()
+        except ValueError as e:
+            err = e
+        except PETSc.Error as e:
+            sub = ksp.getPC().getType()
+            hint = (" (ILU/ICC factorisations need a stored diagonal entry in every row; empty rows "
+                    "make the matrix singular)" if e.ierr == 73 and sub in ("bjacobi", "asm", "ilu", "icc") else "")
+            err = ValueError(f"PETSc could not set up the preconditioner {sub!r} for this matrix: "
+                             f"{_petsc_message(e)}{hint}")
+        check_collective(self.comm, err)
 
     def _initial_guess_only(self, ksp, B, x, b, r, a, bnorm, rtol, atol, record_history, transpose):
         X = _vec(x, self.n_global, self.comm)
@@ -364,10 +400,11 @@ def _sync_solution(X, x: torch.Tensor) -> None:
         xn[...] = arr
 
 
-def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason):
-    """Collective. Make "converged" mean ``||b - A x|| <= tol`` when PETSc tested another
-    norm (MINRES with a preconditioner tests ``||B r||``; options may select
-    ``-ksp_norm_type preconditioned/natural/none``): when the true residual is too large,
+def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm):
+    """Collective. Make "converged" mean ``||b - A x|| <= tol``, whatever PETSc tested (a
+    recurrence residual, which can be far off for a singular preconditioned operator; MINRES
+    with a preconditioner tests ``||B r||``; options may select ``-ksp_norm_type
+    preconditioned/natural/none``): when the true residual is too large,
     continue from ``x`` with a tighter absolute tolerance on PETSc's norm, within the
     remaining ``max_it``; if that does not get there, report ``DIVERGED_ITS``.
     Returns ``(reason, iterations, true residual norm)``."""
@@ -376,9 +413,13 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason):
     try:
         for rounds in range(_VERIFY_ROUNDS + 1):
             (A.multTranspose if transpose else A.mult)(X, R)
+            ax = R.norm()
             R.aypx(-1.0, B)  # R = B - A X
             true = R.norm()
-            if true <= tol or not reason.startswith("CONVERGED"):
+            # below the rounding floor of b - A x nothing more can be attained: a tolerance
+            # under it (rtol=1e-14) is met as far as floating point allows
+            floor = _ROUNDING_FLOOR * (bnorm + ax)
+            if true <= max(tol, floor) or not reason.startswith("CONVERGED"):
                 break
             if rounds == _VERIFY_ROUNDS or its >= max_it or ksp.getNormType() == PETSc.KSP.NormType.NONE:
                 reason = "DIVERGED_ITS"
@@ -392,6 +433,26 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason):
     finally:
         R.destroy()
     return reason, its, float(true)
+
+
+def _diagonal_error(dA, pc_type: str) -> Optional[ValueError]:
+    """Local. The error to raise when ``pc_type`` needs a nonzero diagonal and this rank's rows
+    have a zero or missing one (PETSc would fail on this rank only, inside collective set-up)."""
+    if pc_type not in _NEEDS_DIAGONAL or not dA.n_local:
+        return None
+    zero = torch.nonzero(dA.diagonal().reshape(-1) == 0)
+    if not zero.numel():
+        return None
+    row = int(zero[0, 0]) + dA.row_range[0]
+    return ValueError(f"pc {pc_type!r} needs a nonzero diagonal, but row {row} (in the solver's numbering) "
+                      "has a zero or missing diagonal entry (an empty row makes the matrix singular); use "
+                      "pc='none' or 'jacobi', or fix the matrix")
+
+
+def _check_diagonal(dA, pc_type: str) -> None:
+    err = _diagonal_error(dA, pc_type)
+    if err is not None:
+        raise err
 
 
 def _read_overrides(prefix) -> dict:
