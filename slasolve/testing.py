@@ -561,3 +561,15 @@ def distribute(A, comm, partition: str = "contiguous", coords=None, seed: int = 
     if partition in ("rcb", "hilbert"):
         return DSparseTensor.from_global(A, comm, partition=partition, coords=coords)
     return DSparseTensor.from_global(A, comm, partition=partition)
+
+
+def distribute_or_none(A, comm, partition: str = "contiguous", coords=None, seed: int = 0):
+    """Collective. :func:`distribute`, or ``None`` on every rank when the partitioner
+    leaves a rank without rows and ``from_global`` refuses it (a clear ValueError raised
+    on every rank: a limitation, not a wrong answer). Other errors propagate."""
+    try:
+        return distribute(A, comm, partition, coords, seed)
+    except ValueError as e:
+        if "empty" in str(e) or "no rows" in str(e) or "fewer than" in str(e):
+            return None
+        raise

@@ -321,15 +321,19 @@ def test_batched_values_single_rank(backend):
     assert v.grad is not None and v.grad.shape == v.shape
 
 
+def _distributed_case(kind):
+    """A 20-row matrix of the named family (SciPy) and its row shard on COMM_WORLD."""
+    from slasolve.testing import case_matrix, distribute
+    A, coords, _ = case_matrix(kind, 20, 0)
+    return A, distribute(A, MPI.COMM_WORLD, "contiguous", coords, 0)
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("method", ["cg", "gmres"])
 def test_singular_inconsistent_system_is_never_converged(method):
     # GMRES + GAMG on a singular Laplacian with an inconsistent b reported CONVERGED_RTOL
     # from its least-squares residual (1e-9) while ||b - A x|| was ~1
-    from slasolve.testing import case_matrix, distribute
-    comm = MPI.COMM_WORLD
-    A, coords, _ = case_matrix("laplacian", 20, 0)
-    dA = distribute(A, comm, "contiguous", coords, 0)
+    A, dA = _distributed_case("laplacian")
     bg = np.random.default_rng(1).standard_normal(A.shape[0])
     b = dA.scatter(torch.from_numpy(bg), root=None)
     x, info = slasolve.solve(dA, b, method, pc="gamg", rtol=1e-8, return_info=True, raise_on_fail=False)
@@ -342,10 +346,7 @@ def test_singular_inconsistent_system_is_never_converged(method):
 def test_zero_diagonal_rows_raise_on_every_rank(pc):
     # empty rows on some ranks only: PETSc's set-up failed there, inside collective set-up
     # (ILU: lazily in KSPSolve), and the other ranks hung
-    from slasolve.testing import case_matrix, distribute
-    comm = MPI.COMM_WORLD
-    A, coords, _ = case_matrix("emptyrows", 20, 0)
-    dA = distribute(A, comm, "contiguous", coords, 0)
+    A, dA = _distributed_case("emptyrows")
     b = dA.scatter(torch.ones(A.shape[0], dtype=torch.float64), root=None)
     with pytest.raises(ValueError, match="diagonal"):
         slasolve.solve(dA, b, "gmres", pc=pc, rtol=1e-8)
