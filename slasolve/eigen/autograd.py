@@ -7,7 +7,7 @@ with ``create_graph=True`` it raises ``RuntimeError`` instead of returning
 gradients whose second derivatives would silently miss the eigen-Hessian.
 
 Derivation (``V^T M V = I``, ``w`` simple)
------------------------------------------
+------------------------------------------
 First-order perturbation of a pair ``(w_j, v_j)``::
 
     dw_j = v_j^T (dA - w_j dM) v_j

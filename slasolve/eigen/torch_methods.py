@@ -48,7 +48,7 @@ dtype: 6e-6 for float64, 5e-3 for float32), the one with the smallest global
 index.  The tolerance makes the choice stable when two entries tie in exact
 arithmetic (symmetric modes) but differ by rounding, which differs with the
 number of ranks.  Cost: two ``reduce_max`` of ``(k,)`` tensors (see
-:func:`fix_signs`).
+``fix_signs``).
 
 Residual / convergence criterion (both methods)
 -----------------------------------------------

@@ -390,10 +390,10 @@ class _HaloReverse(torch.autograd.Function):
 
 
 def halo_forward(plan: HaloPlan, x_owned: torch.Tensor) -> torch.Tensor:
-    """Collective. Functional form of :meth:`HaloPlan.forward`."""
+    """Collective. Functional form of :meth:`slasolve.HaloPlan.forward`."""
     return plan.forward(x_owned)
 
 
 def halo_reverse(plan: HaloPlan, g_ghost: torch.Tensor) -> torch.Tensor:
-    """Collective. Functional form of :meth:`HaloPlan.reverse`."""
+    """Collective. Functional form of :meth:`slasolve.HaloPlan.reverse`."""
     return plan.reverse(g_ghost)
