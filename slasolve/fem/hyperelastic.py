@@ -1,0 +1,162 @@
+"""Compressible neo-Hookean hyperelasticity (total Lagrangian), 2-D plane strain and 3-D.
+
+Stored energy per unit reference volume (the compressible neo-Hookean model of
+e.g. Bonet & Wood, and of the FEniCS hyperelasticity demo):
+
+    W(F) = μ/2 (tr C - 3) - μ ln J + λ/2 (ln J)²,   C = FᵀF,  J = det F,
+
+first Piola-Kirchhoff stress and its derivative (the consistent tangent modulus)
+
+    P = μ (F - F⁻ᵀ) + λ ln J F⁻ᵀ
+    A_iJkL = ∂P_iJ/∂F_kL = μ δ_ik δ_JL + λ F⁻¹_Lk F⁻¹_Ji - (λ ln J - μ) F⁻¹_Jk F⁻¹_Li.
+
+Plane strain: ``F`` is the in-plane 2x2 block (``F_33 = 1``), so ``tr C - 3`` is
+``tr C₂ - 2`` and ``J = det F₂``: the same formulas in 2-D. Linearised at ``F = I``
+they give linear elasticity with Lamé parameters ``(λ, μ)``
+(:meth:`Assembler.elasticity` with :func:`~slasolve.fem.problems.lame`).
+
+Residual (owned dofs): ``R(u) = ∫ P(F)·∇_X v dV - ∫ b·v dV - ∫_Γ t·v dA`` with a dead
+body force ``b`` and traction ``t`` (per unit reference volume / area), Dirichlet rows
+handled as in :mod:`slasolve.fem.nonlinear` (lifting + symmetric elimination: the
+tangent stays symmetric and exact). The tangent ``K = ∫ ∇v : A : ∇δu`` is symmetric.
+Quadrature: one point on P1 simplices (``F`` is constant per cell), 2^dim Gauss points
+on Q1 cells. ``μ`` and ``λ`` are per-cell tensors, differentiable (the residual is
+differentiable in ``u``, ``μ``, ``λ`` and tensor-valued loads).
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from .._comm import check_collective
+from ..dsparse import DSparseTensor
+from . import elements as _el
+from .assembly import Assembler
+from .bc import DirichletBC
+from .nonlinear import NonlinearProblem
+
+__all__ = ["NeoHookean", "neo_hookean_stress", "neo_hookean_tangent", "neo_hookean_energy"]
+
+
+def _inv_det(F: torch.Tensor):
+    J, Finv = _el._det_inv(F)
+    return J, Finv
+
+
+def neo_hookean_energy(F: torch.Tensor, mu, lmbda) -> torch.Tensor:
+    """Local. ``W(F)`` for a batch of deformation gradients ``(..., d, d)``; ``mu``, ``lmbda``
+    broadcast against ``F.shape[:-2]``."""
+    J = _el._det(F)
+    lnJ = torch.log(J)
+    d = F.shape[-1]
+    return 0.5 * mu * ((F * F).sum((-1, -2)) - d) - mu * lnJ + 0.5 * lmbda * lnJ * lnJ
+
+
+def neo_hookean_stress(F: torch.Tensor, mu, lmbda) -> torch.Tensor:
+    """Local. First Piola-Kirchhoff stress ``P(F)`` ``(..., d, d)``."""
+    J, Finv = _inv_det(F)
+    FinvT = Finv.transpose(-1, -2)
+    lnJ = torch.log(J)
+    return mu[..., None, None] * (F - FinvT) + (lmbda * lnJ)[..., None, None] * FinvT
+
+
+def neo_hookean_tangent(F: torch.Tensor, mu, lmbda) -> torch.Tensor:
+    """Local. ``A_iJkL = ∂P_iJ/∂F_kL``, shape ``(..., d, d, d, d)``."""
+    J, Finv = _inv_det(F)
+    lnJ = torch.log(J)
+    d = F.shape[-1]
+    eye = torch.eye(d, dtype=F.dtype, device=F.device)
+    m = mu[..., None, None, None, None]
+    A = m * torch.einsum("ik,JL->iJkL", eye, eye)
+    A = A + lmbda[..., None, None, None, None] * torch.einsum("...Lk,...Ji->...iJkL", Finv, Finv)
+    A = A - (lmbda * lnJ - mu)[..., None, None, None, None] * torch.einsum("...Jk,...Li->...iJkL", Finv, Finv)
+    return A
+
+
+class NeoHookean(NonlinearProblem):
+    """Collective (constructor). Compressible neo-Hookean solid on a vector space (``block_size=dim``).
+
+    Parameters
+    ----------
+    space : Assembler with ``block_size = dim``
+    bc : DirichletBC, optional (prescribed displacements)
+    mu, lmbda : number, per-cell tensor ``(E,)`` or callable of cell centroids
+        Default Lamé parameters (override per call: ``residual(u, mu, lmbda)``).
+    body_force : optional, anything :meth:`Assembler.load` accepts (per reference volume)
+    traction : optional ``(t, where)`` or a list of them (see :class:`NonlinearProblem`)
+
+    ``residual(u, mu=None, lmbda=None)`` and ``jacobian(u, mu=None, lmbda=None)`` follow
+    the ``nonlinear_solve(residual, u0, *params, jacobian=...)`` convention. A
+    deformation with ``det F <= 0`` at a quadrature point raises ``ValueError`` on every
+    rank (Newton from a bad start; use load stepping).
+    """
+
+    def __init__(self, space: Assembler, bc: Optional[DirichletBC] = None, mu=1.0, lmbda=1.0,
+                 body_force=None, traction=None):
+        check_collective(space.comm, None if isinstance(space, Assembler) and space.bs == space.dim else
+                         ValueError("NeoHookean needs a vector space (block_size = mesh.dim)"))
+        super().__init__(space, bc, body_force, traction)
+        self.mu, self.lmbda = mu, lmbda
+
+    def deformation_gradient(self, u: torch.Tensor) -> torch.Tensor:
+        """Collective. ``F = I + ∇u`` at the quadrature points, ``(E, nq, dim, dim)``."""
+        ue = self.cell_values(self.lift(u))                                 # (E, nv, dim)
+        H = torch.einsum("evi,eqvJ->eqiJ", ue, self.G)
+        return H + torch.eye(self.space.dim, dtype=H.dtype, device=H.device)
+
+    def _F_checked(self, u):
+        F = self.deformation_gradient(u)
+        err = None
+        with torch.no_grad():
+            J = _el._det(F)
+            bad = int((J <= 0).sum())
+        if bad:
+            err = ValueError(f"{bad} quadrature point(s) with det F <= 0 (min {float(J.min()):.3e}): "
+                             "the displacement inverts elements")
+        check_collective(self.comm, err)
+        return F
+
+    def _params(self, mu, lmbda):
+        return self._param("mu", mu, self.mu), self._param("lmbda", lmbda, self.lmbda)
+
+    def residual(self, u: torch.Tensor, mu: Union[None, float, torch.Tensor] = None,
+                 lmbda: Union[None, float, torch.Tensor] = None) -> torch.Tensor:
+        """Collective. Owned rows of internal minus external forces (Dirichlet rows ``u - g``)."""
+        self._check_u(u)
+        m, l = self._params(mu, lmbda)
+        F = self._F_checked(u)
+        nq = F.shape[1]
+        P = neo_hookean_stress(F, m[:, None].expand(-1, nq), l[:, None].expand(-1, nq))
+        re = torch.einsum("eq,eqiJ,eqvJ->evi", self.wdet, P, self.G)
+        return self._finish_residual(u, re.reshape(re.shape[0], -1))
+
+    def jacobian(self, u: torch.Tensor, mu: Union[None, float, torch.Tensor] = None,
+                 lmbda: Union[None, float, torch.Tensor] = None) -> DSparseTensor:
+        """Collective. Consistent (symmetric) tangent with Dirichlet rows/columns eliminated."""
+        self._check_u(u)
+        m, l = self._params(mu, lmbda)
+        with torch.no_grad():
+            F = self._F_checked(u.detach())
+            nq = F.shape[1]
+            A = neo_hookean_tangent(F, m.detach()[:, None].expand(-1, nq), l.detach()[:, None].expand(-1, nq))
+            E, nv, d = F.shape[0], self.space.nv, self.space.dim
+            Ke = torch.einsum("eq,eqaJ,eqiJkL,eqbL->eaibk", self.wdet, self.G, A, self.G)
+        return self._finish_jacobian(Ke.reshape(E, nv * d, nv * d))
+
+    def energy(self, u: torch.Tensor, mu=None, lmbda=None) -> torch.Tensor:
+        """Collective. Total potential energy (replicated 0-d tensor) ``∫ W dV - ∫ b·u - ∫_Γ t·u``
+        at the lifted ``u``; its gradient with respect to the free dofs is the residual."""
+        from ..autograd import global_sum
+
+        self._check_u(u)
+        m, l = self._params(mu, lmbda)
+        ul = self.lift(u)
+        F = self._F_checked(u)
+        nq = F.shape[1]
+        Wq = neo_hookean_energy(F, m[:, None].expand(-1, nq), l[:, None].expand(-1, nq))
+        e = (self.wdet * Wq).sum()
+        ext = self.external()
+        if ext is not None:
+            e = e - (ext * ul).sum()
+        return global_sum(e, self.comm)
