@@ -425,6 +425,13 @@ class Assembler:
         be = torch.einsum("eij,ejd->eid", Me, fe)
         return self.assemble_vector(be, check=False)
 
+    def neumann(self, g=1.0, where: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
+        """Collective. Neumann load ``∫_Γ g·v ds`` on the boundary facets selected by ``where``
+        (flux for scalar spaces, traction for vector spaces); see
+        :func:`slasolve.fem.facets.neumann_load`."""
+        from .facets import neumann_load
+        return neumann_load(self, g, where)
+
     def zeros(self) -> torch.Tensor:
         """Local. A zero vector of the owned dofs."""
         return torch.zeros(self.n_owned_dofs, dtype=self.dtype, device=self.device)
