@@ -1,0 +1,214 @@
+"""PETSc SNES backend: ``newtonls`` (line search ``bt`` by default) driving the torch functions.
+
+A fresh SNES per call (nothing survives into the next call), configured in this order:
+type ``newtonls``, the line search, tolerances (``rtol``, ``atol``, ``stol``, ``max_it``;
+no function-evaluation limit, no divergence tolerance), the inner KSP from
+``linear_solver`` (``method`` -> KSP type as in :func:`slasolve.solve`, ``"direct"`` ->
+``preonly`` + MUMPS LU; ``pc``; inner ``rtol`` default ``1e-10``), then
+``setFromOptions`` with ``petsc_options`` in the options database only for that call
+(:func:`slasolve.petsc.temporary_options`): ``-snes_*`` / ``-ksp_*`` / ``-pc_*`` on the
+command line or in ``petsc_options`` override the keyword arguments, as in PETSc.
+
+Callbacks: the residual callback converts PETSc's ``X`` to a torch tensor (u0's dtype),
+evaluates ``residual`` (no autograd) and writes ``F``; the Jacobian callback evaluates
+``jacobian`` and writes its values into a private AIJ Mat created from the first
+Jacobian (``fill_petsc_mat``: an O(nnz) copy, no cache whose snapshot could go stale).
+Without a Jacobian, SNES runs matrix-free (``SNESSetUseMF``: PETSc's MFFD ``J v``, no
+preconditioner). Errors raised by slasolve's checks inside a callback are raised on
+every rank (the checks are collective), stop SNES and are re-raised from the solve.
+
+"Converged" is re-checked at exit with one more residual evaluation: the reported
+``residual_norm`` is ``||F(u)||`` of the returned ``u``, and a converged SNES reason whose
+residual fails ``max(rtol ||F(u0)||, atol)`` (e.g. ``CONVERGED_ITS`` from
+``-snes_max_it 0 -snes_type ksponly`` style options) becomes ``DIVERGED_MAX_IT``.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from ..petsc import PETSc, option_entries, temporary_options
+from .info import NonlinearInfo
+from .problem import global_norm
+from .torch_newton import inner_rtol_default
+
+__all__ = ["snes_solve"]
+
+_KSP_TYPES = {"cg": "cg", "gmres": "gmres", "minres": "minres", "bicgstab": "bcgs", "direct": "preonly"}
+_FROM_KSP = {v: k for k, v in _KSP_TYPES.items() if k != "direct"}
+_REASONS = {}
+for _name in dir(PETSc.SNES.ConvergedReason):
+    if _name.isupper() and _name.startswith(("CONVERGED", "DIVERGED")):
+        _REASONS[int(getattr(PETSc.SNES.ConvergedReason, _name))] = _name
+# defaults slasolve sets only where the options database has no entry
+_DEFAULT_ENTRIES = {"snes_divergence_tolerance": "-1", "pc_gamg_reuse_interpolation": "false"}
+
+
+def _reason(code: int) -> str:
+    name = _REASONS.get(int(code))
+    if name is None:
+        return "DIVERGED_LINEAR_SOLVE" if int(code) < 0 else "CONVERGED_ITERATING"
+    return name
+
+
+def _configure_ksp(ksp, ls: dict, comm_size: int, n_global: int, matrix_free: bool) -> None:
+    from ..krylov.petsc_backend import _configure_pc
+    from ..krylov.torch_methods import default_maxiter
+    method = ls.get("method", "gmres")
+    ksp.setType(_KSP_TYPES[method])
+    if method == "direct":
+        pc = ksp.getPC()
+        pc.setType("lu")
+        pc.setFactorSolverType("mumps")
+    else:
+        pc = ls.get("pc")
+        _configure_pc(ksp.getPC(), "none" if matrix_free else pc, comm_size)
+        if method == "gmres":
+            ksp.setGMRESRestart(int(ls.get("restart", 30)))
+        if method in ("gmres", "bicgstab"):
+            ksp.setPCSide(PETSc.PC.Side.RIGHT)
+        if method != "minres":
+            ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)
+    maxiter = ls.get("maxiter")
+    ksp.setTolerances(rtol=float(ls["rtol"]), atol=float(ls.get("atol", 0.0)), divtol=1e300,
+                      max_it=default_maxiter(n_global) if maxiter is None else int(maxiter))
+
+
+class _Callbacks:
+    """SNES function / Jacobian / monitor callbacks (state per solve)."""
+
+    def __init__(self, prob, dtype, Jmat, progress, callback, snes_holder):
+        self.prob, self.dtype, self.Jmat = prob, dtype, Jmat
+        self.error = None
+        self.hist, self.lits = [], []
+        self._last_lits = 0
+        self.progress, self.callback = progress, callback
+        self.snes = snes_holder
+
+    def _u(self, X) -> torch.Tensor:
+        return torch.from_numpy(X.getArray(readonly=True).copy()).to(self.dtype)
+
+    def function(self, snes, X, F) -> None:
+        try:
+            r = self.prob.residual(self._u(X))
+        except Exception as e:  # a collective check (raised on every rank) or the user's error
+            self.error = self.error or e
+            raise
+        F.setArray(r.to(torch.float64).numpy())
+
+    def jacobian(self, snes, X, J, P) -> None:
+        from ..petsc import fill_petsc_mat
+        try:
+            dJ = self.prob.jacobian(self._u(X))
+        except Exception as e:
+            self.error = self.error or e
+            raise
+        fill_petsc_mat(P, dJ.to(torch.float64))
+        if J.handle != P.handle:
+            J.assemble()
+
+    def monitor(self, snes, its, fnorm) -> None:
+        self.hist.append(float(fnorm))
+        if its > 0:
+            total = snes.getLinearSolveIterations()
+            self.lits.append(int(total - self._last_lits))
+            self._last_lits = total
+            if self.progress and snes.getComm().tompi4py().Get_rank() == 0:
+                print(f"  Newton {its:3d}  residual {fnorm:.3e}  ({self.lits[-1]} linear iterations)", flush=True)
+            if self.callback is not None:
+                self.callback(int(its), float(fnorm))
+
+
+def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, use_jacobian,
+               callback, progress, petsc_options=None, options_prefix=None, r0=None) -> tuple:
+    """Collective. ``(u, NonlinearInfo)`` from PETSc SNES; raises only for errors inside the
+    callbacks (collective checks, re-raised on every rank) or a rejected configuration."""
+    from ..krylov.solve import _garbage_cleanup
+    from ..petsc import _create
+    t0 = time.perf_counter()
+    comm = prob.comm
+    _garbage_cleanup(comm)
+    ls = dict(linear_solver)
+    ls.setdefault("rtol", inner_rtol_default(u0.dtype, use_jacobian))
+    n = prob.n_local
+    X = PETSc.Vec().createMPI((n, PETSc.DECIDE), comm=comm)
+    n_global = X.getSize()
+    F = X.duplicate()
+    X.setArray(u0.detach().to(torch.float64).cpu().numpy())
+    snes = PETSc.SNES().create(comm=comm)
+    Jmat = None
+    if use_jacobian:
+        # the pattern comes from the Jacobian at u0 (one extra collective evaluation)
+        Jmat = _create(prob.jacobian(u0.detach()).to(torch.float64), "aij")
+    cb = _Callbacks(prob, u0.dtype, Jmat, progress, callback, snes)
+    try:
+        if options_prefix:
+            snes.setOptionsPrefix(options_prefix)
+        snes.setType("newtonls")
+        snes.setFunction(cb.function, F)
+        if use_jacobian:
+            snes.setJacobian(cb.jacobian, Jmat)
+        else:
+            snes.setUseMF(True)
+        snes.setTolerances(rtol=float(rtol), atol=float(atol), stol=float(stol or 0.0), max_it=int(maxiter))
+        snes.setMaxFunctionEvaluations(-1)
+        snes.setMonitor(cb.monitor)
+        _configure_ksp(snes.getKSP(), ls, comm.Get_size(), n_global, not use_jacobian)
+        db = PETSc.Options(options_prefix)
+        entries = {k: v for k, v in _DEFAULT_ENTRIES.items() if not db.hasName(k)}
+        entries["snes_linesearch_type"] = line_search
+        if db.hasName("snes_linesearch_type"):
+            entries.pop("snes_linesearch_type")
+        entries.update(option_entries(petsc_options))
+        try:
+            with temporary_options(entries, options_prefix):
+                snes.setFromOptions()
+                rtol, atol, stol_, max_it = snes.getTolerances()
+        except PETSc.Error as e:
+            raise ValueError(f"PETSc rejected the SNES configuration (petsc_options={petsc_options!r}, "
+                             f"linear_solver={linear_solver!r}): {e}") from None
+        ksp = snes.getKSP()
+        setup = time.perf_counter() - t0
+        try:
+            snes.solve(None, X)
+        except PETSc.Error:
+            if cb.error is not None:
+                raise cb.error from None
+            raise
+        code = snes.getConvergedReason()
+        reason = _reason(code)
+        its = snes.getIterationNumber()
+        u = torch.from_numpy(X.getArray(readonly=True).copy()).to(u0.dtype)
+        method, lm, pc = snes.getType(), ksp.getType(), ksp.getPC().getType()
+        line = line_search
+        lopts = PETSc.Options(options_prefix)
+        if lopts.hasName("snes_linesearch_type"):
+            line = lopts.getString("snes_linesearch_type")
+    finally:
+        snes.destroy()
+        X.destroy()
+        F.destroy()
+        if Jmat is not None:
+            Jmat.destroy()
+    # the true residual of the returned u decides "converged"
+    r = prob.residual(u, check=False)
+    fn = global_norm(comm, r)
+    hist = cb.hist or [float("nan")]
+    target = max(rtol * hist[0], atol)
+    if reason.startswith("CONVERGED") and reason != "CONVERGED_SNORM_RELATIVE":
+        if not (math.isfinite(fn) and fn <= target * (1 + 1e-8) + 1e3 * torch.finfo(torch.float64).eps * hist[0]):
+            reason = "DIVERGED_MAX_IT" if its >= max_it else "DIVERGED_LOCAL_MIN"
+    if reason == "CONVERGED_ITS":
+        reason = "DIVERGED_MAX_IT"
+    if reason == "CONVERGED_ITERATING":
+        reason = "DIVERGED_MAX_IT"
+    info = NonlinearInfo(converged=reason.startswith("CONVERGED"), reason=reason, iterations=int(its),
+                         residual_norm=fn, residual_history=hist, linear_iterations=sum(cb.lits),
+                         linear_iterations_per_step=cb.lits, method=method, backend="petsc",
+                         line_search=line, linear_method=_FROM_KSP.get(lm, lm) if use_jacobian
+                         else f"{_FROM_KSP.get(lm, lm)} (matrix-free)", pc=pc,
+                         rtol=float(rtol), atol=float(atol), stol=float(stol_), setup_time=setup,
+                         solve_time=time.perf_counter() - t0 - setup)
+    return u, info

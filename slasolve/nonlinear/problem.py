@@ -1,0 +1,81 @@
+"""The residual / Jacobian callables of one nonlinear solve, with counters and checks.
+
+Every call here is collective when the user's functions are (they usually exchange
+ghosts): the backends call them in the same order on every rank, deciding everything
+from reduced scalars.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._comm import allreduce_sum, check_collective
+
+__all__ = ["Problem", "global_norm"]
+
+
+def global_norm(comm, r: torch.Tensor) -> float:
+    """Collective. The global 2-norm of the owned rows ``r`` (one Allreduce; NaN/Inf propagate)."""
+    s = allreduce_sum(comm, (r.detach().to(torch.float64) ** 2).sum().reshape(1))
+    return math.sqrt(float(s[0]))
+
+
+class Problem:
+    """Collective calls of ``residual(u, *params)`` and ``jacobian(u, *params)`` at detached
+    parameters, without autograd, checked collectively (shape, dtype, pattern)."""
+
+    def __init__(self, residual, jacobian, params, comm, n_local: int, dtype: torch.dtype):
+        self._residual, self._jacobian = residual, jacobian
+        self.params = params
+        self.comm, self.n_local, self.dtype = comm, n_local, dtype
+        self.nfev = 0
+        self.njev = 0
+        self._pattern = None  # (layout, indptr, indices) of the first Jacobian
+
+    def residual(self, u: torch.Tensor, *, check: bool = True) -> torch.Tensor:
+        """Collective. ``residual(u, *params)`` (no autograd), checked when ``check``."""
+        self.nfev += 1
+        with torch.no_grad():
+            r = self._residual(u, *self.params)
+        if check:
+            err = None
+            if not isinstance(r, torch.Tensor):
+                err = TypeError(f"residual must return a torch.Tensor, got {type(r).__name__}")
+            elif tuple(r.shape) != (self.n_local,):
+                err = ValueError(f"residual must return this rank's {self.n_local} owned rows, shape "
+                                 f"({self.n_local},), got {tuple(r.shape)}")
+            elif r.dtype != self.dtype:
+                err = TypeError(f"residual returned dtype {r.dtype}, u0 is {self.dtype}")
+            check_collective(self.comm, err)
+        return r.detach()
+
+    def jacobian(self, u: torch.Tensor):
+        """Collective. ``jacobian(u, *params)`` (no autograd): a square row-shard
+        DSparseTensor whose owned rows match ``u``, with the pattern of the first call."""
+        from ..dsparse import DSparseTensor
+        self.njev += 1
+        with torch.no_grad():
+            J = self._jacobian(u, *self.params)
+        err = None
+        if not isinstance(J, DSparseTensor) or not J.is_row_shard:
+            err = TypeError(f"jacobian must return a row-sharded DSparseTensor, got {type(J).__name__}")
+        elif J.local.is_block:
+            err = ValueError("jacobian must return a scalar (non-block) DSparseTensor")
+        elif J.n_local != self.n_local or J.global_shape[0] != J.global_shape[1] \
+                or J.row_range != J.col_range:
+            err = ValueError(f"jacobian must be square with this rank's {self.n_local} owned rows and "
+                             f"columns matching u; got global shape {tuple(J.global_shape)}, owned rows "
+                             f"{J.row_range}, owned columns {J.col_range}")
+        elif J.dtype != self.dtype:
+            err = TypeError(f"jacobian returned dtype {J.dtype}, u0 is {self.dtype}")
+        elif self._pattern is not None and J._layout is not self._pattern[0]:
+            ip, ix = J.local.indptr, J.local.indices
+            if not (ip.shape == self._pattern[1].shape and ix.shape == self._pattern[2].shape
+                    and torch.equal(ip, self._pattern[1]) and torch.equal(ix, self._pattern[2])):
+                err = ValueError("jacobian returned a different sparsity pattern than at the first "
+                                 "Newton step; keep one pattern (store explicit zeros)")
+        check_collective(self.comm, err)
+        if self._pattern is None:
+            self._pattern = (J._layout, J.local.indptr, J.local.indices)
+        return J.detach()

@@ -1,0 +1,284 @@
+"""``nonlinear_solve``: distributed Newton-Krylov with an implicit-function-theorem adjoint.
+
+``u = nonlinear_solve(residual, u0, *params)`` solves ``residual(u, *params) = 0`` and is
+differentiable with respect to every tensor in ``params`` that requires grad: the backward
+solves ``J(u)^T lam = g`` once (``J = dF/du`` at the solution) and returns
+``-(dF/dparams)^T lam`` from one residual evaluation with autograd at the solution. The
+Newton iterations are never differentiated.
+"""
+from __future__ import annotations
+
+import time
+from numbers import Integral, Real
+from typing import Callable, Optional, Tuple, Union
+
+import torch
+
+from .._comm import allreduce_sum, check_collective, get_comm
+from .info import NonlinearConvergenceError, NonlinearInfo
+from .problem import Problem
+
+__all__ = ["nonlinear_solve"]
+
+_METHODS = ("newton", "newtonls")
+_LINE_SEARCHES = ("bt", "basic")
+_LINEAR_KEYS = ("method", "pc", "rtol", "atol", "maxiter", "restart")
+_LINEAR_METHODS = ("cg", "gmres", "minres", "bicgstab", "direct")
+
+
+def _is_real(v) -> bool:
+    return isinstance(v, Real) and not isinstance(v, bool)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, Integral) and not isinstance(v, bool)
+
+
+def _check(residual, u0, jacobian, method, backend, rtol, atol, stol, maxiter, linear_solver,
+           line_search, petsc_options, options_prefix, callback):
+    """Local. The first problem with the arguments, or None."""
+    if not callable(residual):
+        return TypeError(f"residual must be callable, got {type(residual).__name__}")
+    if jacobian is not None and not callable(jacobian):
+        return TypeError(f"jacobian must be callable or None, got {type(jacobian).__name__}")
+    if callback is not None and not callable(callback):
+        return TypeError(f"callback must be callable or None, got {type(callback).__name__}")
+    if not isinstance(u0, torch.Tensor):
+        return TypeError(f"u0 must be a torch.Tensor of this rank's owned rows, got {type(u0).__name__}")
+    if u0.dim() != 1:
+        return ValueError(f"u0 must be 1-D (this rank's owned rows), got shape {tuple(u0.shape)}")
+    if u0.dtype not in (torch.float32, torch.float64):
+        return TypeError(f"u0 must be float32 or float64, got {u0.dtype}")
+    if method not in _METHODS:
+        return ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    if backend not in ("petsc", "torch"):
+        return ValueError(f"backend must be 'petsc' or 'torch', got {backend!r}")
+    if line_search not in _LINE_SEARCHES:
+        return ValueError(f"line_search must be one of {_LINE_SEARCHES}, got {line_search!r}")
+    for name, v in (("rtol", rtol), ("atol", atol)):
+        if not _is_real(v):
+            return TypeError(f"{name} must be a real number, got {type(v).__name__}")
+        if not float(v) >= 0:
+            return ValueError(f"{name} must be >= 0, got {v}")
+    if stol is not None and (not _is_real(stol) or not float(stol) >= 0):
+        return ValueError(f"stol must be None or a number >= 0, got {stol!r}")
+    if not _is_int(maxiter) or maxiter < 0:
+        return ValueError(f"maxiter must be an int >= 0, got {maxiter!r}")
+    if not isinstance(linear_solver, dict):
+        return TypeError(f"linear_solver must be a dict of slasolve.solve arguments or None, got "
+                         f"{type(linear_solver).__name__}")
+    bad = sorted(set(linear_solver) - set(_LINEAR_KEYS))
+    if bad:
+        return ValueError(f"linear_solver: unknown entries {bad}; allowed: {list(_LINEAR_KEYS)}")
+    lm = linear_solver.get("method", "gmres")
+    if lm not in _LINEAR_METHODS:
+        return ValueError(f"linear_solver method must be one of {_LINEAR_METHODS}, got {lm!r}")
+    if jacobian is None and (lm != "gmres" or linear_solver.get("pc") not in (None, "none")):
+        return ValueError("without a jacobian the inner solve is matrix-free GMRES without a "
+                          f"preconditioner; got linear_solver={linear_solver!r}")
+    if petsc_options is not None and not isinstance(petsc_options, dict):
+        return TypeError(f"petsc_options must be a dict or None, got {type(petsc_options).__name__}")
+    if backend == "torch" and (petsc_options or options_prefix):
+        return ValueError("petsc_options / options_prefix need backend='petsc'")
+    return None
+
+
+class _ImplicitFunction(torch.autograd.Function):
+    """``u*(params)`` defined by ``F(u*, params) = 0``; backward by the implicit function theorem."""
+
+    @staticmethod
+    def forward(ctx, u_star, ctl, *params):
+        ctx.ctl = ctl
+        ctx.params = params
+        ctx.save_for_backward(u_star)
+        return u_star.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        if torch.is_grad_enabled():
+            raise RuntimeError("slasolve.nonlinear_solve is differentiable once: second derivatives "
+                               "through a nonlinear solve are not implemented (backward with "
+                               "create_graph=True)")
+        (u,) = ctx.saved_tensors
+        ctl = ctx.ctl
+        lam = _adjoint_solve(ctl, u, g.contiguous())
+        want = [i for i, p in enumerate(ctx.params) if isinstance(p, torch.Tensor) and ctx.needs_input_grad[2 + i]]
+        with torch.enable_grad():
+            ps = list(ctx.params)
+            for i in want:
+                ps[i] = ctx.params[i].detach().requires_grad_(True)
+            r = ctl["residual"](u.detach(), *ps)
+            # every rank evaluates and differentiates the residual (it may exchange ghosts)
+            grads = torch.autograd.grad(r, [ps[i] for i in want], lam, allow_unused=True) if want else ()
+        out = [None] * len(ctx.params)
+        for i, gi in zip(want, grads):
+            out[i] = None if gi is None else -gi
+        return (None, None, *out)
+
+
+def _adjoint_solve(ctl, u, g):
+    """Collective. ``lam`` with ``J(u)^T lam = g``."""
+    ls = dict(ctl["linear_solver"])
+    ls.setdefault("rtol", 1e-10 if u.dtype == torch.float64 else 1e-5)
+    params = tuple(p.detach() if isinstance(p, torch.Tensor) else p for p in ctl["params"])
+    if ctl["jacobian"] is not None:
+        from ..krylov.solve import solve
+        with torch.no_grad():
+            J = ctl["jacobian"](u.detach(), *params).detach()
+        # lam = J^{-T} g is the adjoint of x = J^{-1} b at b = 0 (which costs nothing: b == 0
+        # returns x = 0 at once): slasolve.solve's own transpose solve, same method and pc
+        method = ls.pop("method", "gmres")
+        with torch.enable_grad():
+            b = torch.zeros_like(u).requires_grad_(True)
+            x = solve(J, b, method, backend=ctl["backend"], **ls)
+            (lam,) = torch.autograd.grad(x, b, g)
+        return lam
+    # matrix-free: J^T w by one vjp through a residual graph built once at u (exact)
+    from ..krylov.info import ConvergenceError
+    from ..krylov.torch_methods import default_maxiter, gmres
+    comm = ctl["comm"]
+    with torch.enable_grad():
+        uu = u.detach().requires_grad_(True)
+        r = ctl["residual"](uu, *params)
+
+        def rmatvec(w):
+            (v,) = torch.autograd.grad(r, uu, w, retain_graph=True)
+            return v
+        n_global = int(allreduce_sum(comm, torch.tensor([u.numel()], dtype=torch.float64))[0])
+        maxiter = ls.get("maxiter")
+        lam, info = gmres(rmatvec, g.detach(), rtol=float(ls["rtol"]), atol=float(ls.get("atol", 0.0)),
+                          maxiter=default_maxiter(n_global) if maxiter is None else int(maxiter),
+                          restart=int(ls.get("restart", 30)), reduce_sum=lambda t: allreduce_sum(comm, t))
+    if not info.converged:
+        raise ConvergenceError(info, f"adjoint solve in backward of nonlinear_solve (matrix-free GMRES) did "
+                               f"not converge: {info.reason} after {info.iterations} iterations")
+    return lam.detach()
+
+
+def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Optional[Callable] = None,
+                    method: str = "newton", backend: Optional[str] = None, rtol: float = 1e-8,
+                    atol: float = 0.0, stol: Optional[float] = None, maxiter: int = 50,
+                    linear_solver: Optional[dict] = None, line_search: str = "bt",
+                    return_info: bool = False, raise_on_fail: bool = True,
+                    progress: bool = False, callback: Optional[Callable[[int, float], None]] = None,
+                    petsc_options: Optional[dict] = None, options_prefix: Optional[str] = None,
+                    comm=None) -> Union[torch.Tensor, Tuple[torch.Tensor, NonlinearInfo]]:
+    """Collective. Solve ``residual(u, *params) = 0`` by Newton's method; differentiable (IFT).
+
+    Parameters
+    ----------
+    residual : callable ``(u, *params) -> r``
+        ``u``: this rank's owned rows ``(n_local,)``; ``r``: the owned rows of the residual,
+        same shape and dtype, computed with torch operations (differentiable in ``params``
+        for the adjoint). It may communicate (ghost exchange, e.g. an ``Assembler``'s
+        ``fetch_ghosts`` or a ``DSparseTensor`` product): the solver calls it collectively,
+        the same number of times in the same order on every rank.
+    u0 : torch.Tensor
+        Initial guess, owned rows, float64 or float32. Gets no gradient.
+    *params
+        Passed to ``residual`` / ``jacobian``. Tensors that require grad get gradients
+        (this rank's share: a tensor used identically on every rank, e.g. a replicated
+        scalar, gets the contribution of this rank's residual rows; sum over ranks, as
+        :func:`slasolve.testing.local_slice` does).
+    jacobian : callable ``(u, *params) -> DSparseTensor``, optional
+        ``dF/du`` as a square row-shard DSparseTensor whose owned rows and columns match
+        ``u``, the same sparsity pattern at every call. ``None``: Jacobian-free
+        Newton-Krylov (finite-difference ``J v``, GMRES without preconditioner; the
+        adjoint uses exact ``J^T w`` products by autograd through one residual evaluation).
+    method : {"newton"}
+        Newton with a line search (PETSc's ``newtonls``; ``"newtonls"`` is accepted too).
+    backend : {"petsc", "torch"}, optional
+        ``"petsc"``: PETSc SNES (default when petsc4py imports); ``"torch"``: native Newton
+        whose inner solves are ``slasolve.solve(J, -F, backend="torch", **linear_solver)``.
+    rtol, atol, maxiter
+        Stop when ``||F(u)|| <= max(rtol ||F(u0)||, atol)`` (global 2-norms); ``maxiter``
+        Newton steps at most (``DIVERGED_MAX_IT``).
+    stol : float, optional
+        Also stop when the Newton step ``||du|| <= stol ||u||`` (``CONVERGED_SNORM_RELATIVE``,
+        a step test: the residual test need not pass). Default: no step test.
+    linear_solver : dict, optional
+        ``slasolve.solve`` arguments for the inner solves and the adjoint solve: ``method``
+        (``cg, gmres, minres, bicgstab, direct``; default ``"gmres"``), ``pc``, ``rtol``
+        (fixed relative inner tolerance, default ``1e-10`` for float64, ``1e-5`` float32),
+        ``atol``, ``maxiter``, ``restart``. A failed inner solve stops Newton
+        (``DIVERGED_LINEAR_SOLVE``).
+    line_search : {"bt", "basic"}
+        Backtracking (Armijo, quadratic interpolation) or full Newton steps.
+    return_info, raise_on_fail
+        Non-convergence raises :class:`NonlinearConvergenceError` (a
+        :class:`slasolve.ConvergenceError`) on every rank unless ``raise_on_fail=False``;
+        ``return_info=True`` returns ``(u, NonlinearInfo)``.
+    progress : bool
+        Print the residual norm on rank 0 after every Newton step.
+    callback : callable ``(iteration, residual_norm)``, optional
+        Called on every rank after each Newton step.
+    petsc_options, options_prefix
+        PETSc backend: options database entries (``{"snes_monitor": None}``) present only
+        while the SNES is configured; command-line ``-snes_*``, ``-ksp_*``, ``-pc_*`` apply
+        too and take precedence over the keyword arguments, as in PETSc.
+    comm : MPI.Comm, optional
+        Default ``MPI.COMM_WORLD``.
+
+    Returns
+    -------
+    u : torch.Tensor, this rank's owned rows of the solution (and a NonlinearInfo).
+
+    Notes
+    -----
+    Every setting is checked on every rank and compared across ranks in one reduction
+    before anything else is communicated; a bad argument or a difference raises on every
+    rank. ``"converged"`` always means ``||F(u)||`` of the returned ``u`` passes the
+    residual test (or, with ``stol``, the step test). The backward of ``u`` solves
+    ``J(u)^T lam = g`` with ``slasolve.solve``'s adjoint (same method and preconditioner;
+    a failure raises ``ConvergenceError`` on every rank) and evaluates ``residual`` once
+    with autograd: it is collective, like the forward. Differentiable once
+    (``create_graph=True`` raises ``RuntimeError``).
+    """
+    from ..krylov.solve import default_backend
+    t0 = time.perf_counter()
+    backend = default_backend() if backend is None else backend
+    linear_solver = {} if linear_solver is None else linear_solver
+    err = None
+    try:
+        comm = get_comm(comm)
+    except TypeError as e:
+        from mpi4py import MPI
+        comm, err = MPI.COMM_WORLD, e
+    err = err or _check(residual, u0, jacobian, method, backend, rtol, atol, stol, maxiter, linear_solver,
+                        line_search, petsc_options, options_prefix, callback)
+    agree = {"method": method, "backend": backend, "line_search": line_search,
+             "rtol": repr(rtol), "atol": repr(atol), "stol": repr(stol), "maxiter": repr(maxiter),
+             "jacobian given": jacobian is not None, "return_info": bool(return_info),
+             "raise_on_fail": bool(raise_on_fail), "progress": bool(progress),
+             "callback given": callback is not None, "options_prefix": options_prefix,
+             "dtype": str(u0.dtype) if isinstance(u0, torch.Tensor) else None,
+             "number of params": len(params),
+             "linear_solver": sorted((str(k), repr(v)) for k, v in linear_solver.items())
+             if isinstance(linear_solver, dict) else repr(linear_solver),
+             "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
+             if isinstance(petsc_options, dict) else repr(petsc_options)}
+    check_collective(comm, err, agree=agree)
+    rtol, atol = float(rtol), float(atol)
+    stol = None if stol is None else float(stol)
+    dparams = tuple(p.detach() if isinstance(p, torch.Tensor) else p for p in params)
+    prob = Problem(residual, jacobian, dparams, comm, int(u0.shape[0]), u0.dtype)
+    r0 = prob.residual(u0.detach())  # checked collectively (shape, dtype)
+    kw = dict(rtol=rtol, atol=atol, stol=stol, maxiter=int(maxiter), line_search=line_search,
+              linear_solver=linear_solver, use_jacobian=jacobian is not None, callback=callback,
+              progress=progress)
+    if backend == "petsc":
+        from .petsc_snes import snes_solve
+        u, info = snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix, **kw)
+    else:
+        from .torch_newton import newton
+        u, info = newton(prob, u0, r0=r0, **kw)
+    info.function_evaluations, info.jacobian_evaluations = prob.nfev, prob.njev
+    if info.setup_time == 0.0:
+        info.solve_time = time.perf_counter() - t0
+    if raise_on_fail and not info.converged:
+        raise NonlinearConvergenceError(info)
+    if any(isinstance(p, torch.Tensor) and p.requires_grad for p in params) and torch.is_grad_enabled():
+        ctl = {"residual": residual, "jacobian": jacobian, "params": params, "linear_solver": linear_solver,
+               "backend": backend, "comm": comm}
+        u = _ImplicitFunction.apply(u.detach(), ctl, *params)
+    return (u, info) if return_info else u

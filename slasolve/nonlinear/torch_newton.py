@@ -1,0 +1,146 @@
+"""Native Newton with a backtracking (Armijo) line search; inner solves with slasolve.solve.
+
+Algorithm (PETSc's ``newtonls`` with ``bt``, in torch): at ``u_k`` with residual
+``F_k`` stop when ``||F_k|| <= max(rtol ||F_0||, atol)``; else solve ``J(u_k) d = -F_k``
+(``slasolve.solve(J, -F, backend="torch", **linear_solver)``, a fixed relative inner
+tolerance, default ``1e-10`` in float64 / ``1e-5`` in float32; matrix-free ``1e-6`` / ``1e-3``), then take
+``u_{k+1} = u_k + lam d`` with the largest ``lam`` in 1, then quadratic-interpolation
+steps clamped to ``[0.1 lam, 0.5 lam]`` satisfying the sufficient decrease
+``||F(u_k + lam d)|| <= (1 - alpha lam) ||F_k||`` (``alpha = 1e-4``; PETSc's test on
+``||F||^2/2`` with the slope ``-||F_k||^2`` of an exact Newton direction); no such
+``lam >= 1e-12`` within 40 trials: ``DIVERGED_LINE_SEARCH``. ``line_search="basic"``
+takes full steps. Every decision uses global norms (one Allreduce each), so all
+ranks take the same steps and call ``residual`` / ``jacobian`` equally often.
+
+Without a Jacobian (``jacobian=None``) the inner solve is matrix-free GMRES
+(Jacobian-free Newton-Krylov): ``J v ~ (F(u + h v) - F(u)) / h`` with
+``h = sqrt(eps) (1 + ||u||) / ||v||`` (PETSc's MFFD default), no preconditioner.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from .._comm import allreduce_sum
+from .info import NonlinearInfo
+from .problem import global_norm
+
+__all__ = ["newton"]
+
+ALPHA = 1e-4
+MAX_LS = 40
+MIN_LAMBDA = 1e-12
+
+
+def inner_rtol_default(dtype, use_jacobian: bool) -> float:
+    """Local. The fixed inner relative tolerance when ``linear_solver`` has no ``rtol``: tight with
+    a Jacobian (keeps Newton quadratic), ``1e-6`` matrix-free (finite-difference products are
+    accurate to about ``sqrt(eps)``, so a tighter inner solve only stagnates)."""
+    if not use_jacobian:
+        return 1e-6 if dtype == torch.float64 else 1e-3
+    return 1e-10 if dtype == torch.float64 else 1e-5
+
+
+def _linear_solve(prob, J, u, r, ls, rtol_default):
+    """Collective. ``d`` with ``J d = -r`` and the SolveInfo (never raises on non-convergence)."""
+    from ..krylov.solve import solve
+    kw = dict(ls)
+    kw.setdefault("rtol", rtol_default)
+    if J is not None:
+        method = kw.pop("method", "gmres")
+        return solve(J, -r, method, backend="torch", return_info=True, raise_on_fail=False, **kw)
+    return _jfnk_solve(prob, u, r, kw)
+
+
+def _jfnk_solve(prob, u, r, kw):
+    from ..krylov.torch_methods import default_maxiter, gmres
+    comm = prob.comm
+    eps = torch.finfo(u.dtype).eps
+    unorm = global_norm(comm, u)
+
+    def matvec(v):
+        vn = global_norm(comm, v)
+        if vn == 0.0:
+            return torch.zeros_like(v)
+        h = math.sqrt(eps) * (1.0 + unorm) / vn
+        return (prob.residual(u + h * v, check=False) - r) / h
+
+    n_global = int(allreduce_sum(comm, torch.tensor([prob.n_local], dtype=torch.float64))[0])
+    maxiter = kw.get("maxiter")
+    with torch.no_grad():
+        return gmres(matvec, -r, rtol=float(kw["rtol"]), atol=float(kw.get("atol", 0.0)),
+                     maxiter=default_maxiter(n_global) if maxiter is None else int(maxiter),
+                     restart=int(kw.get("restart", 30)), reduce_sum=lambda t: allreduce_sum(comm, t))
+
+
+def newton(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, use_jacobian,
+           callback, progress, r0=None) -> tuple:
+    """Collective. ``(u, NonlinearInfo)``; never raises on non-convergence."""
+    t0 = time.perf_counter()
+    comm = prob.comm
+    rank0 = comm.Get_rank() == 0
+    inner_rtol = inner_rtol_default(u0.dtype, use_jacobian)
+    u = u0.detach().clone()
+    r = prob.residual(u) if r0 is None else r0
+    fn = global_norm(comm, r)
+    hist, lits = [fn], []
+    target = max(rtol * fn, atol)
+    reason, it = None, 0
+    lm, pc = "gmres", "none"
+    while True:
+        if not math.isfinite(fn):
+            reason = "DIVERGED_FNORM_NAN"
+            break
+        if fn <= target:
+            reason = "CONVERGED_FNORM_ABS" if atol > 0 and fn <= atol else "CONVERGED_FNORM_RELATIVE"
+            break
+        if it >= maxiter:
+            reason = "DIVERGED_MAX_IT"
+            break
+        J = prob.jacobian(u) if use_jacobian else None
+        d, linfo = _linear_solve(prob, J, u, r, linear_solver, inner_rtol)
+        lits.append(int(linfo.iterations))
+        lm, pc = linfo.method or lm, linfo.pc or pc
+        if not linfo.converged:
+            reason = "DIVERGED_LINEAR_SOLVE"
+            break
+        lam, ok = 1.0, False
+        for _ in range(MAX_LS if line_search == "bt" else 1):
+            un = u + lam * d
+            rn = prob.residual(un, check=False)
+            fnn = global_norm(comm, rn)
+            if line_search != "bt" or (math.isfinite(fnn) and fnn <= (1.0 - ALPHA * lam) * fn):
+                ok = True
+                break
+            if math.isfinite(fnn):  # minimiser of the quadratic through phi(0), phi'(0), phi(lam)
+                p0, p1, slope = 0.5 * fn * fn, 0.5 * fnn * fnn, -fn * fn
+                denom = 2.0 * (p1 - p0 - slope * lam)
+                lt = -slope * lam * lam / denom if denom > 0 else 0.5 * lam
+                lam = min(max(lt, 0.1 * lam), 0.5 * lam)
+            else:
+                lam *= 0.1
+            if lam < MIN_LAMBDA:
+                break
+        if not ok:
+            reason = "DIVERGED_LINE_SEARCH"
+            break
+        it += 1
+        step = lam * global_norm(comm, d)
+        u, r, fn = un, rn, fnn
+        hist.append(fn)
+        if progress and rank0:
+            print(f"  Newton {it:3d}  residual {fn:.3e}  ({lits[-1]} linear iterations, step {lam:g})",
+                  flush=True)
+        if callback is not None:
+            callback(it, fn)
+        if stol and math.isfinite(fn) and step <= stol * global_norm(comm, u):
+            reason = "CONVERGED_SNORM_RELATIVE"
+            break
+    info = NonlinearInfo(converged=reason.startswith("CONVERGED"), reason=reason, iterations=it,
+                         residual_norm=fn, residual_history=hist, linear_iterations=sum(lits),
+                         linear_iterations_per_step=lits, method="newtonls", backend="torch",
+                         line_search=line_search, linear_method=lm if use_jacobian else "gmres (matrix-free)",
+                         pc=pc, rtol=rtol, atol=atol, stol=stol or 0.0, solve_time=time.perf_counter() - t0)
+    return u, info
