@@ -33,6 +33,7 @@ from .autograd import global_sum  # noqa: E402
 from .dsparse import DSparseTensor  # noqa: E402
 from .eigen import EigenConvergenceError, EigenInfo, eigsh  # noqa: E402
 from .halo import HaloPlan  # noqa: E402
+from .direct import Factorization, FactorizationError, FactorizationInfo, factorized, spsolve  # noqa: E402
 from .krylov import ConvergenceError, SolveInfo, bicgstab, cg, gmres, minres, solve  # noqa: E402
 from .nonlinear import NonlinearConvergenceError, NonlinearInfo, nonlinear_solve  # noqa: E402
 from .placement import DSparseSpec, Replicated, Shard, SparseShard, col_shard, row_shard  # noqa: E402
@@ -47,7 +48,8 @@ __all__ = [
     "col_shard", "HaloPlan", "from_petsc", "solve", "cg", "gmres", "minres", "bicgstab", "SolveInfo",
     "ConvergenceError", "nonlinear_solve", "NonlinearInfo", "NonlinearConvergenceError", "eigsh", "EigenInfo",
     "EigenConvergenceError", "abort_on_unhandled_exception",
-    "global_sum", "parse_args",
+    "global_sum", "parse_args", "spsolve", "factorized", "Factorization", "FactorizationInfo",
+    "FactorizationError",
 ]
 
 

@@ -299,7 +299,9 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         The last three are single-rank operators.
     b : torch.Tensor
         This rank's owned rows, ``(n_local,)`` or ``(n_local, k)``.
-    method : {"cg", "gmres", "minres", "bicgstab"}
+    method : {"cg", "gmres", "minres", "bicgstab", "direct"}
+        ``"direct"``: sparse LU / Cholesky (:func:`slasolve.spsolve`; ``pc`` = None, ``"lu"``
+        or ``"cholesky"`` picks the factorisation; tolerances, ``x0`` are ignored).
     backend : {"petsc", "torch"}, optional
         Default ``"petsc"`` when petsc4py imports.
     rtol, atol, maxiter, x0
@@ -359,6 +361,10 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
                               options_prefix=options_prefix, record_history=record_history,
                               progress=progress, reuse_pc=reuse_pc)
     backend = default_backend() if backend is None else backend
+    if method == "direct":  # sparse LU / Cholesky: slasolve.direct (validates collectively)
+        from ..direct.api import _solve_direct
+        return _solve_direct(A, b, backend=backend, pc=M if M is not None else pc, return_info=return_info,
+                             petsc_options=petsc_options)
     dA = _validate(A, b, x0, method=method, backend=backend, pc=pc, M=M, rtol=rtol, atol=atol,
                    maxiter=maxiter, restart=restart, petsc_options=petsc_options,
                    options_prefix=options_prefix, return_info=return_info, raise_on_fail=raise_on_fail,

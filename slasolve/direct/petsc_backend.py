@@ -1,0 +1,195 @@
+"""MUMPS LU / Cholesky (LDL^T) through PETSc, for :mod:`slasolve.direct`.
+
+One :class:`PetscFactor` owns a private AIJ Mat (block tensors: AIJ with the block
+size set; MUMPS' Cholesky does not take BAIJ) and a PCLU / PCCHOLESKY with
+``MATSOLVERMUMPS``. When the values change it refills the Mat in place (same
+nonzero pattern) and calls ``PCSetUp`` again: PETSc sees ``SAME_NONZERO_PATTERN``
+and redoes only the numeric factorisation (MUMPS keeps its analysis; the PETSc log
+events ``MatLUFactorSym`` / ``MatCholFctrSym`` do not move). A failed
+factorisation drops the PC, so the next attempt starts from a fresh analysis.
+Multi-RHS solves are one ``MatMatSolve`` with a dense Mat; transposed solves reuse
+the factors (``MatSolveTranspose``; for several columns MUMPS' ICNTL(9)=0 around
+``MatMatSolve``).
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..petsc import PETSc, _create, fill_petsc_mat, temporary_options
+from ._common import changed_anywhere, raise_factor_error_collective
+from .info import MUMPS_ERRORS, FactorizationError, FactorizationInfo, failed_info
+
+__all__ = ["PetscFactor", "OPTIONS_PREFIX"]
+
+#: options prefix of the direct solver's PC (``-direct_mat_mumps_icntl_14 100``)
+OPTIONS_PREFIX = "direct_"
+
+
+def _global_scalar_nnz(dA) -> int:
+    L = dA._layout
+    local = int(dA.values.shape[0]) * L.br * L.bc
+    comm = dA.comm
+    return local if comm.Get_size() == 1 else int(comm.allreduce(local))
+
+
+def _garbage_cleanup(comm) -> None:
+    cleanup = getattr(PETSc, "garbage_cleanup", None)
+    if cleanup is not None:
+        cleanup(comm)
+
+
+class PetscFactor:
+    """Collective (every method). MUMPS factors of one row-sharded operator's values."""
+
+    backend = "petsc"
+
+    def __init__(self, dA, factorization: str = "auto", petsc_options: Optional[dict] = None):
+        self.comm = dA.comm
+        self.requested = factorization
+        self.petsc_options = dict(petsc_options or {})
+        self.mat = None
+        self.pc = None
+        self.kind: Optional[str] = None
+        self.snapshot: Optional[torch.Tensor] = None
+        L = dA._layout
+        n = dA.global_shape[0] * L.br
+        self.n_local = dA.n_local
+        self.info = FactorizationInfo(backend="petsc", solver="mumps", n=int(n), nnz=_global_scalar_nnz(dA))
+
+    # -- factorisation --------------------------------------------------------------
+    def ensure(self, dA) -> bool:
+        """Collective. Make the factors those of ``dA``'s current values (refactor when
+        they differ from the values last factorised on any rank). True when it refactored."""
+        vals = dA.values.detach()
+        if self.pc is not None and not changed_anywhere(self.comm, self.snapshot, vals):
+            return False
+        err = None
+        if not bool(torch.isfinite(vals).all()):
+            err = ValueError("A has NaN or infinite values: cannot factorise")
+        raise_factor_error_collective(self.comm, err)
+        if self.mat is None:
+            self.mat = _create(dA, "aij")
+        else:
+            fill_petsc_mat(self.mat, dA)
+        self.snapshot = None  # set only once the factorisation succeeded
+        kind, sym = self._choose_kind()
+        self.info.symmetric = sym
+        if self.pc is not None and kind != self.kind:
+            self._drop_pc()
+        t0 = time.perf_counter()
+        fresh = self.pc is None
+        err = None
+        try:
+            if fresh:
+                _garbage_cleanup(self.comm)
+                self.pc = self._make_pc(kind)
+                with temporary_options(self.petsc_options, OPTIONS_PREFIX):
+                    self.pc.setFromOptions()
+                    self._force_type(kind)
+                    self.pc.setUp()
+            else:
+                self.pc.setUp()  # same Mat, same pattern: PETSc refactors numerically only
+        except PETSc.Error as e:
+            err = FactorizationError(failed_info("petsc", kind),
+                                     f"MUMPS {kind} factorisation failed in PETSc: error code {e.ierr}")
+        code = None
+        if err is None:
+            F = self.pc.getFactorMatrix()
+            code = int(F.getMumpsInfog(1))  # INFOG: global, the same on every rank
+            if code < 0:
+                what = MUMPS_ERRORS.get(code, "MUMPS error")
+                detail = int(F.getMumpsInfog(2))
+                err = FactorizationError(failed_info("petsc", kind),
+                                         f"direct solve: MUMPS {kind} factorisation failed: {what} "
+                                         f"(INFOG(1) = {code}, INFOG(2) = {detail})", code)
+        if err is not None:
+            self._drop_pc()
+        raise_factor_error_collective(self.comm, err, "petsc", kind)
+        dt = time.perf_counter() - t0
+        self.kind = kind
+        self.snapshot = vals.clone()
+        info = self.info
+        info.factorization = kind
+        if fresh:
+            info.symbolic_factorizations += 1
+            info.analysis_time += dt
+        else:
+            info.factor_time += dt
+        info.numeric_factorizations += 1
+        F = self.pc.getFactorMatrix()
+        fnnz = int(F.getMumpsInfog(29))
+        info.factor_nnz = fnnz if fnnz >= 0 else -fnnz * 10 ** 6  # negative: millions
+        info.fill = info.factor_nnz / max(info.nnz, 1)
+        info.memory_mb = float(F.getMumpsInfog(22))
+        return True
+
+    def _choose_kind(self):
+        if self.requested == "lu":
+            return "lu", None
+        sym = bool(self.mat.isSymmetric(0.0))  # exact: Cholesky reads one triangle only
+        if self.requested == "cholesky" and not sym:
+            # the same answer on every rank (isSymmetric is collective)
+            raise ValueError("factorization='cholesky' needs an exactly symmetric matrix; A is not "
+                             "symmetric (use factorization='lu' or None)")
+        return ("cholesky" if sym else "lu"), sym
+
+    def _make_pc(self, kind):
+        pc = PETSc.PC().create(comm=self.comm)
+        pc.setOptionsPrefix(OPTIONS_PREFIX)
+        pc.setOperators(self.mat)
+        return pc
+
+    def _force_type(self, kind):
+        self.pc.setType(kind)
+        self.pc.setFactorSolverType("mumps")
+
+    def _drop_pc(self):
+        if self.pc is not None:
+            self.pc.destroy()
+        self.pc, self.kind = None, None
+
+    # -- solves -------------------------------------------------------------------
+    def solve(self, b: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+        """Collective. ``A^{-1} b`` (``A^{-T} b``) for ``b`` ``(n_local,)`` or
+        ``(n_local, k)`` float64; the ``k`` columns go to MUMPS in one call."""
+        F = self.pc.getFactorMatrix()
+        t0 = time.perf_counter()
+        b = b.detach().to(dtype=torch.float64, device="cpu")
+        m, N = self.n_local, self.info.n
+        if b.dim() == 1:
+            arr = b.contiguous().numpy()
+            bv = PETSc.Vec().createWithArray(arr, size=(m, N), comm=self.comm)
+            xv = bv.duplicate()
+            (F.solveTranspose if transpose else F.solve)(bv, xv)
+            x = torch.from_numpy(np.array(xv.getArray(readonly=True), copy=True))
+            bv.destroy()
+            xv.destroy()
+        else:
+            k = int(b.shape[1])
+            arr = np.asfortranarray(b.numpy())
+            B = PETSc.Mat().createDense(((m, N), (None, k)), array=arr, comm=self.comm)
+            B.assemble()
+            X = PETSc.Mat().createDense(((m, N), (None, k)), comm=self.comm)
+            X.setUp()
+            X.assemble()
+            if transpose and self.kind != "cholesky":
+                F.setMumpsIcntl(9, 0)  # MUMPS solves A^T X = B with the same factors
+                try:
+                    F.matSolve(B, X)
+                finally:
+                    F.setMumpsIcntl(9, 1)
+            else:
+                F.matSolve(B, X)
+            x = torch.from_numpy(np.array(X.getDenseArray(), copy=True).reshape(m, k))
+            B.destroy()
+            X.destroy()
+        if transpose:
+            self.info.transpose_solves += 1
+        else:
+            self.info.solves += 1
+        self.info.solve_time += time.perf_counter() - t0
+        return x
