@@ -13,6 +13,8 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
+from . import _log
+
 try:
     from petsc4py import PETSc
 except ImportError as e:  # pragma: no cover - exercised on machines without PETSc
@@ -107,10 +109,13 @@ def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None):
     vals = dA.values.detach()
     entry = mats.get(mat_type)
     if entry is None:
-        entry = mats[mat_type] = [_create(dA, mat_type), vals.clone()]
-    elif refill and _changed_anywhere(dA.comm, entry[1], vals):
-        fill_petsc_mat(entry[0], dA)
-        entry[1] = vals.clone()
+        with _log.phase("setup", _log.event("slaMatCreate")):
+            entry = mats[mat_type] = [_create(dA, mat_type), vals.clone()]
+    elif refill:
+        with _log.phase("refill", _log.event("slaMatRefill")):
+            if _changed_anywhere(dA.comm, entry[1], vals):
+                fill_petsc_mat(entry[0], dA)
+                entry[1] = vals.clone()
     if mat_type == _default_type(dA):
         L.petsc_mat = entry[0]
     return entry[0]

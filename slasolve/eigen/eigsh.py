@@ -13,6 +13,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
+from .. import _log
 from .._comm import allreduce_max, allreduce_sum, check_collective
 from ..dsparse import DSparseTensor
 from .autograd import DEGENERATE_RTOL, EigshFunction, _State
@@ -62,7 +63,8 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
           raise_on_fail: bool = True, check_input: bool = True,
           petsc_options: Optional[dict] = None, options_prefix: Optional[str] = None,
           st_solver: Optional[str] = None, grad_rtol: float = 1e-10,
-          grad_maxiter: Optional[int] = None, degenerate_rtol: float = DEGENERATE_RTOL):
+          grad_maxiter: Optional[int] = None, degenerate_rtol: float = DEGENERATE_RTOL,
+          progress: Union[bool, int] = False):
     """Collective. ``k`` eigenpairs of the symmetric ``A v = w v`` or ``A v = w M v``.
 
     In the spirit of :func:`scipy.sparse.linalg.eigsh`, distributed and
@@ -134,6 +136,11 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
         Tolerance / limit of the projected MINRES solves of eigenvector
         gradients, and the relative eigenvalue gap below which eigenvector
         gradients are refused (see :mod:`slasolve.eigen.autograd`).
+    progress : bool or int
+        Print on rank 0 every ``progress`` (default 10) outer iterations (LOBPCG
+        iterations, Lanczos restarts, SLEPc's EPS iterations through an EPS monitor)
+        the number of converged wanted pairs and the largest residual estimate of the
+        wanted ones, for the first solve and each verification round.
 
     Notes
     -----
@@ -198,8 +205,18 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
     definite (cheap checks, or detected by the solver) and for
     ``petsc_options`` SLEPc rejects; :class:`EigenConvergenceError` on
     non-convergence or a failed verification, its message naming the method
-    that ran (``info.method``).
+    that ran (``info.method``). ``info.times`` gives the seconds per phase.
     """
+    with _log.stage("slaEigsh"), _log.event("slaEigsh"), _log.collect() as times:
+        return _eigsh(A, k, M, which, sigma, v0, tol, maxiter, backend, method, ncv, pc, return_info,
+                      raise_on_fail, check_input, petsc_options, options_prefix, st_solver, grad_rtol,
+                      grad_maxiter, degenerate_rtol, progress, times)
+
+
+def _eigsh(A, k, M, which, sigma, v0, tol, maxiter, backend, method, ncv, pc, return_info, raise_on_fail,
+           check_input, petsc_options, options_prefix, st_solver, grad_rtol, grad_maxiter, degenerate_rtol,
+           progress, times):
+    """Collective. :func:`eigsh` (phase times into ``times``)."""
     t_start = time.perf_counter()
     dA = _as_row_shard(A, "A")
     comm = dA.comm
@@ -213,14 +230,19 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
             backend = default_backend()
         k, sigma = _validate(dA, dM, comm, n, k, which, sigma, tol, maxiter, backend, method, ncv, v0,
                              petsc_options, options_prefix)
+        if not (isinstance(progress, bool) or isinstance(progress, numbers.Integral) and progress > 0):
+            raise ValueError(f"progress: must be a bool or a positive int, got {progress!r}")
     except (TypeError, ValueError, ImportError) as e:
         err = e
-    check_collective(comm, err, agree=_agreed_settings(
-        k=k, which=which, sigma=sigma, tol=tol, maxiter=maxiter, backend=backend, method=method, ncv=ncv,
-        pc=pc, M=M is not None, v0=v0 is not None, dtype=str(dA.dtype), return_info=return_info,
-        raise_on_fail=raise_on_fail, check_input=check_input, petsc_options=petsc_options,
-        options_prefix=options_prefix, st_solver=st_solver, grad_rtol=grad_rtol, grad_maxiter=grad_maxiter,
-        degenerate_rtol=degenerate_rtol))
+    with _log.phase("check"):
+        check_collective(comm, err, agree=_agreed_settings(
+            k=k, which=which, sigma=sigma, tol=tol, maxiter=maxiter, backend=backend, method=method, ncv=ncv,
+            pc=pc, M=M is not None, v0=v0 is not None, dtype=str(dA.dtype), return_info=return_info,
+            raise_on_fail=raise_on_fail, check_input=check_input, petsc_options=petsc_options,
+            options_prefix=options_prefix, st_solver=st_solver, grad_rtol=grad_rtol,
+            grad_maxiter=grad_maxiter, degenerate_rtol=degenerate_rtol,
+            progress=_progress_every(progress)))
+    printer = _ProgressPrinter(comm, _progress_every(progress), k) if progress else None
 
     needs_grad = torch.is_grad_enabled() and (
         dA.values.requires_grad or (dM is not None and dM.values.requires_grad))
@@ -238,35 +260,42 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
         return allreduce_max(comm, t)
 
     with torch.no_grad():
-        if check_input:
-            _check_operators(dA0, dM0, rs, row_offset, row_ids)
-        if v0 is None:
-            v0 = _default_v0(dA, row_offset, row_ids)
-        else:
-            v0 = v0.detach().reshape(-1).to(dtype=dt, device=dev)
+        with _log.phase("check"):
+            if check_input:
+                _check_operators(dA0, dM0, rs, row_offset, row_ids)
+            if v0 is None:
+                v0 = _default_v0(dA, row_offset, row_ids)
+            else:
+                v0 = v0.detach().reshape(-1).to(dtype=dt, device=dev)
         t_setup = time.perf_counter() - t_start
-        if backend == "slepc":
-            solver = _SlepcSolver(dA0, dM0, k, which, sigma, tol, maxiter, ncv, options_prefix,
-                                  petsc_options, st_solver)
-        else:
-            solver = _TorchSolver(dA0, dM0, k, which, sigma, tol, maxiter, method, ncv, pc, rs, rm,
-                                  row_offset, row_ids)
+        with _log.phase("setup", _log.event("slaEigSetup")):
+            if backend == "slepc":
+                solver = _SlepcSolver(dA0, dM0, k, which, sigma, tol, maxiter, ncv, options_prefix,
+                                      petsc_options, st_solver, printer)
+            else:
+                solver = _TorchSolver(dA0, dM0, k, which, sigma, tol, maxiter, method, ncv, pc, rs, rm,
+                                      row_offset, row_ids, printer)
         try:
-            w, V, conv, its, solve_t = solver.solve(k, v0, None)
-            w, V = w.to(dtype=dt, device=dev), V.to(dtype=dt, device=dev)
-            V = _m_orthonormalize(V, dM0, rs)
+            with _log.phase("solve", _log.event("slaEigSolve")):
+                w, V, conv, its, solve_t = solver.solve(k, v0, None)
+            with _log.phase("post"):
+                w, V = w.to(dtype=dt, device=dev), V.to(dtype=dt, device=dev)
+                V = _m_orthonormalize(V, dM0, rs)
             method_name = solver.method
             info = EigenInfo(converged=int(min(conv, k)), k=k, iterations=int(its), residual_norms=[],
                              method=method_name, backend=backend, setup_time=t_setup + solver.setup_time,
-                             solve_time=solve_t, matvecs=0)
+                             solve_time=solve_t, matvecs=0, times=times)
             w_next = None
             info.verified = False
             if info.converged >= k and solver.block_safe and (not needs_grad or solver.dense):
                 info.verified = True    # block method with block >= k, or dense: no lost copies (Notes)
             elif info.converged >= k:
                 t1 = time.perf_counter()
-                w, V, info.verify_rounds, w_next, verr = _verify(
-                    solver, w, V, k, which, sigma, tol, n, dM0, rs, row_offset, row_ids)
+                if printer is not None:
+                    printer.label = "eigsh verify"
+                with _log.phase("verify", _log.event("slaEigVerify")):
+                    w, V, info.verify_rounds, w_next, verr = _verify(
+                        solver, w, V, k, which, sigma, tol, n, dM0, rs, row_offset, row_ids)
                 info.verify_time = time.perf_counter() - t1
                 info.solve_time += info.verify_time
                 info.verified = verr is None
@@ -274,11 +303,12 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
                     raise EigenConvergenceError(f"eigsh ({backend}, {method_name}): {verr}", info)
         finally:
             solver.close()
-        order = torch.argsort(w)
-        w, V = w[order].contiguous(), V[:, order].contiguous()
-        V = fix_signs(V, reduce_max=rm, row_offset=row_offset, row_ids=row_ids)
-        res = _residuals(dA0, dM0, w, V, tol, rs)
-        info.residual_norms = [float(r) for r in res]
+        with _log.phase("post"):
+            order = torch.argsort(w)
+            w, V = w[order].contiguous(), V[:, order].contiguous()
+            V = fix_signs(V, reduce_max=rm, row_offset=row_offset, row_ids=row_ids)
+            res = _residuals(dA0, dM0, w, V, tol, rs)
+            info.residual_norms = [float(r) for r in res]
     if info.converged < k and raise_on_fail:
         raise EigenConvergenceError(
             f"eigsh ({backend}, {method_name}): only {info.converged} of the k={k} requested eigenpairs "
@@ -292,6 +322,33 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
     if return_info:
         return w, V, info
     return w, V
+
+
+def _progress_every(progress) -> object:
+    """Print every this many iterations (0: never); the argument's repr when invalid."""
+    if isinstance(progress, bool):
+        return 10 if progress else 0
+    return int(progress) if isinstance(progress, numbers.Integral) else repr(progress)
+
+
+class _ProgressPrinter:
+    """Local. ``progress=``: called by the kernels / the EPS monitor on every rank with
+    ``(iteration, converged, residual estimates of the wanted pairs)``; prints on rank 0."""
+
+    def __init__(self, comm, every: int, k: int):
+        self.rank0 = comm.Get_rank() == 0
+        self.every, self.k = every, k
+        self.label = "eigsh"
+        self.last = None
+
+    def __call__(self, it: int, nconv: int, res) -> None:
+        if not self.rank0 or it % self.every or (self.label, it) == self.last:
+            return
+        self.last = (self.label, it)
+        want = len(res) or self.k
+        worst = max(res) if len(res) else float("nan")
+        print(f"  {self.label} iteration {it:5d}  converged {min(nconv, want)}/{want}  "
+              f"max residual estimate {worst:.3e}", flush=True)
 
 
 def _agreed_settings(**kw):
@@ -632,14 +689,15 @@ class _SlepcSolver:
     every rank."""
 
     def __init__(self, dA, dM, k, which, sigma, tol, maxiter, ncv, options_prefix, petsc_options,
-                 st_solver):
+                 st_solver, progress=None):
         self.dA, self.dM = dA, dM
         err = None
         self.session = None
         try:
             self.session = slepc_backend.SlepcSession(
                 dA, dM, k, which=which, sigma=sigma, tol=tol, maxiter=maxiter, ncv=ncv,
-                options_prefix=options_prefix, petsc_options=petsc_options, st_solver=st_solver)
+                options_prefix=options_prefix, petsc_options=petsc_options, st_solver=st_solver,
+                monitor=progress)
         except slepc_backend.PETSc.Error as e:
             msg = f"SLEPc rejected the configuration ({e})"
             if petsc_options or options_prefix:
@@ -685,9 +743,11 @@ class _TorchSolver:
     """Collective. The native kernels behind ``solve(nev, v0, deflate)`` (the
     operators, preconditioners and shift-invert solver are built once)."""
 
-    def __init__(self, dA, dM, k, which, sigma, tol, maxiter, method, ncv, pc, rs, rm, row_offset, row_ids):
+    def __init__(self, dA, dM, k, which, sigma, tol, maxiter, method, ncv, pc, rs, rm, row_offset, row_ids,
+                 progress=None):
         t0 = time.perf_counter()
         self.dA, self.dM = dA, dM
+        self.progress = progress
         self.tol, self.ncv, self.k = tol, ncv, k
         self.rs = rs
         self.n_global = int(dA.global_shape[0]) * (dA.block_shape[0] if dA.block_shape else 1)  # scalar rows
@@ -760,14 +820,16 @@ class _TorchSolver:
                                seed=1 + (0 if deflate is None else 17 * nd), dtype=dA.dtype, device=dA.device)
             X0[:, 0] = v0
             w, V, inf = lobpcg(self.OP, X0, B=self.Bop, T=self.T, k=nev, largest=(self.which == "LA"),
-                               tol=self.tol, maxiter=self.maxiter, deflate=defl, **self.kw)
+                               tol=self.tol, maxiter=self.maxiter, deflate=defl, callback=self.progress,
+                               **self.kw)
         elif self.sigma is None:
             # the verification keeps the first solve's basis size: a smaller one converges
             # much slower on clustered extreme eigenvalues
             ncv = self.ncv if self.ncv is not None else max(2 * self.k + 1, 20)
             ncv = min(self.n_global - nd, max(ncv, 2 * nev + 1))
             w, V, inf = lanczos(self.OP, v0, nev, which=self.which, B=self.Bop, B_solve=self.Bs,
-                                tol=self.tol, maxiter=self.maxiter, ncv=ncv, deflate=defl, **self.kw)
+                                tol=self.tol, maxiter=self.maxiter, ncv=ncv, deflate=defl,
+                                callback=self.progress, **self.kw)
         else:
             # shift-invert: every basis vector costs an inner solve and convergence takes a
             # restart or two, so the verification uses a small basis
@@ -775,7 +837,8 @@ class _TorchSolver:
             if ncv is None:
                 ncv = min(self.n_global - nd, max(2 * nev + 1, 20 if deflate is None else 12))
             theta, V, inf = lanczos(self.OP, v0, nev, which="LM", B=self.Bop, B_solve=self.Bs,
-                                    tol=self.tol, maxiter=self.maxiter, ncv=ncv, deflate=defl, **self.kw)
+                                    tol=self.tol, maxiter=self.maxiter, ncv=ncv, deflate=defl,
+                                    callback=self.progress, **self.kw)
             w = self.sigma + 1.0 / theta
         if deflate is not None:
             # candidates for the verification: the converged prefix in wanted order (a

@@ -50,6 +50,14 @@ class EigenInfo:
     verify_rounds, verify_time:
         Number of deflated verification solves, and their seconds (included in
         ``solve_time``).
+    times:
+        :func:`slasolve.eigsh`: this rank's wall-clock seconds per phase, each exclusive
+        of the others: ``"check"`` (argument and symmetry checks, start vector),
+        ``"setup"`` (EPS / preconditioner / shift-invert set-up, PETSc Mat creation),
+        ``"refill"`` (values into the cached PETSc Mats), ``"solve"`` (the first
+        eigensolve), ``"verify"`` (the multiplicity verification), ``"post"``
+        (M-orthonormalisation, signs, explicit residuals) and ``"total"`` (the
+        whole call; the phases add up to at most it). Empty for the bare kernels.
     """
 
     converged: int
@@ -64,6 +72,7 @@ class EigenInfo:
     verified: Optional[bool] = None
     verify_rounds: int = 0
     verify_time: float = 0.0
+    times: dict = field(default_factory=dict)
 
     @property
     def success(self) -> bool:

@@ -93,7 +93,7 @@ class SlepcSession:
     """
 
     def __init__(self, dA, dM, k, *, which, sigma, tol, maxiter, ncv=None, options_prefix=None,
-                 petsc_options=None, st_solver=None):
+                 petsc_options=None, st_solver=None, monitor=None):
         t0 = time.perf_counter()
         self.comm = dA.comm
         self.n_global = int(dA.global_shape[0]) * (dA.block_shape[0] if dA.block_shape else 1)  # scalar rows
@@ -102,6 +102,9 @@ class SlepcSession:
         self.Am, self.Mm = _mats(dA, dM)
         self.eps = SLEPc.EPS().create(comm=self.comm)
         self._vecs = []
+        if monitor is not None:   # monitor(iteration, nconv, error estimates of the nev wanted pairs)
+            self.eps.setMonitor(lambda eps, its, nconv, eig, err:
+                                monitor(int(its), int(nconv), [float(e) for e in err[:eps.getDimensions()[0]]]))
         try:
             self._configure(dM, k, which, sigma, tol, maxiter, ncv, options_prefix, petsc_options, st_solver)
         except BaseException:

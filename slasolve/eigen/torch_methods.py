@@ -308,7 +308,7 @@ def _whitened_eigh(H, G, eps):
 # LOBPCG
 # --------------------------------------------------------------------------- #
 def lobpcg(A, X0, *, B=None, T=None, k=None, largest=False, tol=1e-8, maxiter=500,
-           reduce_sum=None, reduce_max=None, row_offset=0, row_ids=None, deflate=None):
+           reduce_sum=None, reduce_max=None, row_offset=0, row_ids=None, deflate=None, callback=None):
     """Block LOBPCG (Knyazev 2001) for ``A v = w B v``, A symmetric, B SPD.
 
     Collective over ``reduce_sum`` / ``reduce_max`` (see module docstring).
@@ -337,6 +337,10 @@ def lobpcg(A, X0, *, B=None, T=None, k=None, largest=False, tol=1e-8, maxiter=50
         eigenvectors and ``B Y``. The iteration runs in the B-orthogonal
         complement of ``span(Y)`` (every search block is projected), so it
         returns the wanted end of the remaining spectrum.
+    callback:
+        Optional ``callback(iteration, n_converged, residuals)``, called on every
+        rank at each iteration with the number of the ``k`` wanted pairs that pass
+        ``tol`` and their relative residuals (a list, identical on every rank).
 
     Returns
     -------
@@ -436,6 +440,8 @@ def lobpcg(A, X0, *, B=None, T=None, k=None, largest=False, tol=1e-8, maxiter=50
         while True:
             R, res = residuals(X, AX, BX, theta)
             conv = (res <= tol)
+            if callback is not None:
+                callback(it, int(conv[:k].sum()), res[:k].tolist())
             if bool(conv[:k].all()):
                 if fresh:
                     break
@@ -491,7 +497,7 @@ def lobpcg(A, X0, *, B=None, T=None, k=None, largest=False, tol=1e-8, maxiter=50
 # thick-restart Lanczos
 # --------------------------------------------------------------------------- #
 def lanczos(A, v0, k, *, which="LA", B=None, B_solve=None, tol=1e-10, maxiter=1000, ncv=None,
-            reduce_sum=None, reduce_max=None, row_offset=0, row_ids=None, deflate=None):
+            reduce_sum=None, reduce_max=None, row_offset=0, row_ids=None, deflate=None, callback=None):
     """Thick-restart Lanczos (Wu & Simon 2000) for extreme eigenvalues of a
     symmetric problem.
 
@@ -523,6 +529,9 @@ def lanczos(A, v0, k, *, which="LA", B=None, B_solve=None, tol=1e-10, maxiter=10
         (of the operator given) and ``B Y``: every basis vector is
         B-orthogonalised against ``Y`` too (in the same reductions), so the
         iteration sees only the remaining spectrum.
+    callback: optional ``callback(restarts, n_converged, estimates)``, called on
+        every rank after each basis fill with the restart count and the relative
+        Ritz estimates of the ``k`` wanted pairs (a list; identical on every rank).
 
     Returns ``w`` ``(k,)`` ascending, ``V`` ``(n_local, k)`` (B-)orthonormal with
     the sign convention, and :class:`EigenInfo` (``iterations`` = restarts).
@@ -674,6 +683,8 @@ def lanczos(A, v0, k, *, which="LA", B=None, B_solve=None, tol=1e-10, maxiter=10
             scale = torch.clamp(theta.abs(), min=max(floor_fac * anorm, torch.finfo(dt).tiny))
             relest = est / scale
             sel = order[:k]
+            if callback is not None:
+                callback(restarts, int((relest[sel] <= tol).sum()), relest[sel].tolist())
             done = bool((relest[sel] <= tol).all())
             if done or restarts >= maxiter:
                 Y = V[:, :ncv] @ S[:, sel]

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from .. import _log
 from .._comm import check_collective
 from ..dsparse import DSparseTensor
 from ..halo import HaloPlan
@@ -101,6 +102,7 @@ class Assembler:
     ``node_plan``: the node-level HaloPlan.
     """
 
+    @_log.logged("slaAssembly", "slaAsmSetup")
     def __init__(self, mesh: Mesh, block_size: int = 1, *, device=None):
         if not isinstance(mesh, Mesh):
             raise TypeError(f"mesh must be a slasolve.fem.Mesh, got {type(mesh).__name__}")
@@ -271,6 +273,7 @@ class Assembler:
         return out if bs > 1 else out.reshape(-1)
 
     # ------------------------------------------------------------------ generic assembly
+    @_log.logged("slaAssembly", "slaAssembleMat")
     def assemble_matrix(self, element_matrices: torch.Tensor, *, check: bool = True) -> DSparseTensor:
         """Collective. Sum element matrices ``(E, nv*bs, nv*bs)`` (local dofs node-major) into the
         distributed matrix. Differentiable in ``element_matrices``; same layout every call.
@@ -301,6 +304,7 @@ class Assembler:
             values = values + self.nnz_plan.reverse(buf[self.nnz:])
         return self.template.with_values(values)
 
+    @_log.logged("slaAssembly", "slaAssembleVec")
     def assemble_vector(self, element_vectors: torch.Tensor, *, check: bool = True) -> torch.Tensor:
         """Collective. Sum element vectors ``(E, nv*bs)`` (or ``(E, nv, bs)``) into the owned
         dofs ``(n_owned_dofs,)``; ghost-node contributions go to their owners (reverse halo)."""
@@ -326,6 +330,7 @@ class Assembler:
         return owned.reshape(-1)
 
     # ------------------------------------------------------------------ operators
+    @_log.logged("slaAssembly")
     def stiffness(self, kappa: Coef = 1.0) -> DSparseTensor:
         """Collective. Stiffness ``∫ kappa ∇u·∇v`` (scalar space). ``kappa``: number, per-local-cell
         tensor ``(E,)`` (may require grad) or a callable of the cell centroids ``(E, dim)``."""
@@ -334,6 +339,7 @@ class Assembler:
         Ke = self._collective(lambda: _el.stiffness(self.cell_coords, self._coef("kappa", kappa), self.cell))
         return self.assemble_matrix(Ke, check=False)
 
+    @_log.logged("slaAssembly")
     def mass(self, rho: Coef = 1.0) -> DSparseTensor:
         """Collective. Consistent mass ``∫ rho u·v`` (``rho`` as ``kappa`` in :meth:`stiffness`);
         for a vector space the block mass ``M ⊗ I``."""
@@ -344,6 +350,7 @@ class Assembler:
             Me = (Me[:, :, None, :, None] * eye[None, None, :, None, :]).reshape(E, nv * bs, nv * bs)
         return self.assemble_matrix(Me, check=False)
 
+    @_log.logged("slaAssembly")
     def elasticity(self, young: Coef = 1.0, nu: Coef = 0.3, kind: Optional[str] = None) -> DSparseTensor:
         """Collective. Isotropic linear elasticity (vector space, ``block_size=dim``).
         ``kind``: ``"plane_strain"`` (2-D default here) / ``"plane_stress"`` / ``"3d"``."""
@@ -394,6 +401,7 @@ class Assembler:
             raise ValueError("f contains NaN or infinite values")
         return vloc[self.local_cells]
 
+    @_log.logged("slaAssembly")
     def load(self, f=1.0) -> torch.Tensor:
         """Collective. Consistent load vector ``∫ f·v`` on the owned dofs, ``(n_owned_dofs,)``.
 

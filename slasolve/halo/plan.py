@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from .. import _log
 from .._comm import check_collective, ownership_offsets
 
 __all__ = ["HaloPlan", "halo_forward", "halo_reverse"]
@@ -24,6 +25,7 @@ __all__ = ["HaloPlan", "halo_forward", "halo_reverse"]
 _TAG_PLAN, _TAG_FWD, _TAG_REV = 71, 72, 73
 _HEADER = 2  # int64 words in front of every exchange message: (plan id, kind), signature
 _POISON = -1  # signature of a message from a rank whose input was invalid
+_EV_START, _EV_FINISH = _log.event("slaHaloStart"), _log.event("slaHaloFinish")
 
 
 class _Inner:
@@ -270,12 +272,14 @@ class HaloPlan:
         A rank with an invalid ``x_owned`` (or passing ``error``) still takes part:
         it sends poison headers, and :meth:`finish` raises there and on its neighbours.
         """
-        return self._start(x_owned, self.n_owned, "x_owned", 0, self._send_idx_np if self.n_send else None,
-                           error)
+        with _log.phase("halo", _EV_START):
+            return self._start(x_owned, self.n_owned, "x_owned", 0,
+                               self._send_idx_np if self.n_send else None, error)
 
     def start_reverse(self, g_ghost: torch.Tensor, error: Optional[Exception] = None) -> _Pending:
         """Collective (non-blocking). Start sending ghost contributions to their owners."""
-        return self._start(g_ghost, self.n_ghost, "g_ghost", 1, None, error)
+        with _log.phase("halo", _EV_START):
+            return self._start(g_ghost, self.n_ghost, "g_ghost", 1, None, error)
 
     def _wait(self, pending: _Pending) -> Optional[Exception]:
         """Complete every request; the first problem with a received message, if any.
@@ -326,6 +330,10 @@ class HaloPlan:
         Raises ``ValueError`` when this rank's input was invalid, or when a
         neighbour's message says its input was invalid or differs in dtype or columns.
         """
+        with _log.phase("halo", _EV_FINISH):
+            return self._finish(pending)
+
+    def _finish(self, pending: _Pending) -> torch.Tensor:
         problem = self._wait(pending)
         if pending.error is not None:
             raise pending.error

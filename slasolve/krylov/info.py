@@ -6,7 +6,7 @@ Everything here is local (no communication).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: converged reasons (PETSc names)
 CONVERGED_REASONS = (
@@ -45,6 +45,16 @@ class SolveInfo:
     filled when the solver was asked to record it, entry 0 being the initial
     residual and entry ``k`` the residual after iteration ``k``.
     ``setup_time``/``solve_time`` are wall-clock seconds.
+    ``times``: this rank's wall-clock seconds per phase of the call (``slasolve.solve``
+    fills it): ``"check"`` (argument validation, one reduction), ``"setup"`` (solver
+    creation on a cache miss, PETSc Mat creation, preconditioner set-up), ``"refill"``
+    (comparing the values with the PETSc Mat's snapshot and refilling it), ``"solve"``
+    (the Krylov iteration), ``"verify"`` (the true-residual check), ``"halo"`` (halo
+    exchanges outside the phases above: the torch backend's products), each exclusive
+    of the others, and ``"total"`` (the whole call; the phases add up to at most it).
+    For several right-hand sides the entries are sums over the columns. A backward
+    pass through the solve adds ``"adjoint"`` (seconds in the adjoint solves, not part of
+    ``"total"``) and sets ``adjoint`` to the adjoint solve's own SolveInfo.
     ``method``/``pc`` name what actually ran (after ``petsc_options`` / command-line
     ``-ksp_type`` / ``-pc_type``): slasolve's name where there is one (``"bicgstab"``),
     else PETSc's (``"fgmres"``, ``"bjacobi"``); ``pc="callable"`` for a user function.
@@ -62,6 +72,8 @@ class SolveInfo:
     rtol: float = 0.0
     atol: float = 0.0
     pc: str = ""
+    times: dict = field(default_factory=dict)
+    adjoint: "SolveInfo | None" = None
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:

@@ -46,6 +46,7 @@ from typing import Optional
 
 import torch
 
+from .. import _log
 from .._comm import check_collective
 from ..petsc import PETSc, option_entries, temporary_options
 from .info import REASONS, SolveInfo
@@ -259,16 +260,18 @@ class PetscKrylov:
         mon.callback = callback
         t0 = time.perf_counter()
         try:
-            self._set_up(ksp, dA)
+            with _log.phase("setup", _log.event("slaPCSetUp")):
+                self._set_up(ksp, dA)
         except ValueError:
             B.destroy(), X.destroy()
             raise
         t1 = time.perf_counter()
         try:
-            if transpose:
-                ksp.solveTranspose(B, X)
-            else:
-                ksp.solve(B, X)
+            with _log.phase("solve"):
+                if transpose:
+                    ksp.solveTranspose(B, X)
+                else:
+                    ksp.solve(B, X)
             reason = reason_name(ksp.getConvergedReason())
             its, rnorm = int(ksp.getIterationNumber()), float(ksp.getResidualNorm())
             if reason.startswith("CONVERGED"):
@@ -276,8 +279,9 @@ class PetscKrylov:
                 # "converged" must mean the true residual passes (GMRES + GAMG on a singular,
                 # inconsistent system reported 1e-9 for a true residual of 1). One MatMult.
                 tol = a if absolute else max(r * bnorm, a)
-                reason, its, rnorm = _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason,
-                                                            float(bnorm))
+                with _log.phase("verify", _log.event("slaSolveVerify")):
+                    reason, its, rnorm = _verify_true_residual(ksp, B, X, transpose, tol, max_it, its,
+                                                                reason, float(bnorm))
             _sync_solution(X, x)
             t2 = time.perf_counter()
             history = mon.history

@@ -13,6 +13,7 @@ from typing import Callable, Optional, Tuple, Union
 
 import torch
 
+from .. import _log
 from .._comm import check_collective
 from ..autograd import matvec_value_grad
 from .info import ConvergenceError, SolveInfo
@@ -61,19 +62,20 @@ def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options):
     solver = cache.get(key)
     if solver is None:
         err = None
-        if backend == "petsc":
-            _garbage_cleanup(dA.comm)
-        try:
+        with _log.phase("setup", _log.event("slaSolverSetup")):
             if backend == "petsc":
-                from .petsc_backend import PetscKrylov
-                solver = PetscKrylov(dA, method, pc, restart=restart, options_prefix=options_prefix,
-                                     petsc_options=petsc_options)
-            else:
-                from .torch_backend import TorchKrylov
-                solver = TorchKrylov(dA, method, pc, restart=restart)
-        except (ValueError, TypeError, ImportError) as e:
-            err = e
-        check_collective(dA.comm, err)
+                _garbage_cleanup(dA.comm)
+            try:
+                if backend == "petsc":
+                    from .petsc_backend import PetscKrylov
+                    solver = PetscKrylov(dA, method, pc, restart=restart, options_prefix=options_prefix,
+                                         petsc_options=petsc_options)
+                else:
+                    from .torch_backend import TorchKrylov
+                    solver = TorchKrylov(dA, method, pc, restart=restart)
+            except (ValueError, TypeError, ImportError) as e:
+                err = e
+            check_collective(dA.comm, err)
         cache[key] = solver
         while len(cache) > SOLVER_CACHE_SIZE:
             cache.popitem(last=False)
@@ -112,14 +114,20 @@ def _merge(infos):
                     setup_time=sum(i.setup_time for i in infos), solve_time=sum(i.solve_time for i in infos),
                     method=worst.method, backend=worst.backend, rtol=worst.rtol, atol=worst.atol,
                     pc=worst.pc)
+    keys = dict.fromkeys(k for i in infos for k in i.times)
+    out.times = {k: sum(i.times.get(k, 0.0) for i in infos) for k in keys}
     out.per_rhs = infos
     return out
 
 
-def _columns(solve_one, b, x0):
-    """Solve column by column for ``b`` of shape ``(n, k)``."""
+def _columns(solve_one, b, x0, solve_many=None):
+    """Solve column by column for ``b`` of shape ``(n, k)``, or all columns in one call
+    with ``solve_many(b, x0) -> (x, [SolveInfo per column])`` (the petsc backend)."""
     if b.dim() == 1:
         return solve_one(b, x0)
+    if solve_many is not None:
+        x, infos = solve_many(b, x0)
+        return x, _merge(infos)
     xs, infos = [], []
     for j in range(b.shape[1]):
         x, info = solve_one(b[:, j].contiguous(), None if x0 is None else x0[:, j].contiguous())
@@ -132,10 +140,12 @@ class _AdjointSolve(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values, b, dA, solver, opts, x0, out):
         kw = {k: v for k, v in opts.items() if k not in ("raise_on_fail", "pc_fn")}
-        x, info = _columns(lambda bj, x0j: solver.solve(dA, bj, x0j, **kw), b, x0)
+        many = getattr(solver, "solve_many", None)
+        x, info = _columns(lambda bj, x0j: solver.solve(dA, bj, x0j, **kw), b, x0,
+                           None if many is None else lambda B, X0: many(dA, B, X0, **kw))
         out["info"] = info
         _raise_if_failed(info, opts["raise_on_fail"])
-        ctx.dA, ctx.solver, ctx.opts = dA, solver, opts
+        ctx.dA, ctx.solver, ctx.opts, ctx.info = dA, solver, opts, info
         ctx.save_for_backward(x)
         return x
 
@@ -153,8 +163,14 @@ class _AdjointSolve(torch.autograd.Function):
             ctx.solver.set_callable(ctx.opts["pc_fn"])
         kw = {k: v for k, v in ctx.opts.items() if k not in ("raise_on_fail", "pc_fn")}
         kw.update(callback=None, record_history=False)
-        lam, info = _columns(lambda gj, _: ctx.solver.solve_transpose(ctx.dA, gj.contiguous(), **kw),
-                             g.contiguous(), None)
+        with _log.stage("slaAdjoint"), _log.event("slaAdjoint"), _log.collect() as times:
+            many = getattr(ctx.solver, "solve_transpose_many", None)
+            lam, info = _columns(lambda gj, _: ctx.solver.solve_transpose(ctx.dA, gj.contiguous(), **kw),
+                                 g.contiguous(), None,
+                                 None if many is None else lambda G, _: many(ctx.dA, G, **kw))
+        info.times = times
+        ctx.info.adjoint = info    # reachable from the forward's SolveInfo
+        ctx.info.times["adjoint"] = ctx.info.times.get("adjoint", 0.0) + times["total"]
         _raise_if_failed(info, True, "adjoint solve in backward")
         gb = lam if ctx.needs_input_grad[1] else None
         gv = matvec_value_grad(ctx.dA, -lam, x) if ctx.needs_input_grad[0] else None
@@ -240,8 +256,25 @@ def _check_rhs(dA, b, x0):
     return None
 
 
+def _check_near_nullspace(dA, Z):
+    """Local. The first problem with ``near_nullspace``, or None."""
+    if Z is None:
+        return None
+    n = dA.n_local
+    if not isinstance(Z, torch.Tensor):
+        return TypeError(f"near_nullspace must be a torch.Tensor (n_local, m), got {type(Z).__name__}")
+    if Z.is_complex() or not Z.dtype.is_floating_point:
+        return TypeError(f"near_nullspace must have a real floating dtype, got {Z.dtype}")
+    if Z.dim() != 2 or Z.shape[0] != n or Z.shape[1] == 0:
+        return ValueError(f"near_nullspace must have shape ({n}, m) with m >= 1 (this rank's owned rows of "
+                          f"m vectors), got {tuple(Z.shape)}")
+    if not bool(torch.isfinite(Z.detach()).all()):
+        return ValueError("near_nullspace contains NaN or infinite values")
+    return None
+
+
 def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options,
-              options_prefix, return_info, raise_on_fail, reuse_pc):
+              options_prefix, return_info, raise_on_fail, reuse_pc, near_nullspace=None):
     """Collective. Normalise ``A`` and check every argument with ONE check_collective,
     whose ``agree`` part makes every rank raise when the settings differ between ranks."""
     from mpi4py import MPI
@@ -255,7 +288,7 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
     err = err or _check_settings(method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options,
                                  options_prefix)
     if err is None:
-        err = _check_operator(dA) or _check_rhs(dA, b, x0)
+        err = _check_operator(dA) or _check_rhs(dA, b, x0) or _check_near_nullspace(dA, near_nullspace)
     p = M if M is not None else pc
     agree = {"method": method, "backend": backend,
              "pc": "callable" if callable(p) else p,
@@ -267,6 +300,8 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
              "dtype": str(b.dtype) if isinstance(b, torch.Tensor) else None,
              "return_info": bool(return_info), "raise_on_fail": bool(raise_on_fail),
              "reuse_pc": bool(reuse_pc),
+             "near_nullspace columns": None if near_nullspace is None else
+             (near_nullspace.shape[-1] if isinstance(near_nullspace, torch.Tensor) else "given"),
              "options_prefix": options_prefix,
              "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
              if isinstance(petsc_options, dict) else repr(petsc_options)}
@@ -289,7 +324,8 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
           callback: Optional[Callable[[int, float], None]] = None, return_info: bool = False,
           raise_on_fail: bool = True, petsc_options: Optional[dict] = None,
           options_prefix: Optional[str] = None, record_history: bool = False,
-          progress: Union[bool, int] = False, reuse_pc: bool = False
+          progress: Union[bool, int] = False, reuse_pc: bool = False,
+          near_nullspace: Optional[torch.Tensor] = None
           ) -> Union[torch.Tensor, Tuple[torch.Tensor, SolveInfo]]:
     """Collective. Solve ``A x = b`` with a Krylov method; differentiable (adjoint).
 
@@ -337,6 +373,16 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         Fill ``SolveInfo.residual_history``.
     progress : bool or int
         Print the residual on rank 0 every ``progress`` (default 10) iterations.
+    near_nullspace : torch.Tensor, optional
+        ``(n_local, m)``: this rank's owned rows of ``m`` vectors spanning the near-nullspace
+        of ``A`` (the low-energy modes an algebraic multigrid must reproduce, e.g.
+        :func:`slasolve.fem.rigid_body_modes` for elasticity). A hint for the petsc
+        backend's smoothed-aggregation AMG (``pc="gamg"``; ``ml`` through ``petsc_options``):
+        the vectors are orthonormalised (collectively) and set on the operator for this
+        call only (never seen by a later call; a changed ``near_nullspace`` rebuilds the
+        preconditioner). Every other preconditioner (``hypre`` included) and the torch
+        backend ignore it: the answer is the same, only the iteration count differs.
+        Numerically dependent columns raise ``ValueError``.
 
     Returns
     -------
@@ -359,25 +405,34 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
                               atol=atol, maxiter=maxiter, pc=pc, M=M, restart=restart, callback=callback,
                               raise_on_fail=raise_on_fail, petsc_options=petsc_options,
                               options_prefix=options_prefix, record_history=record_history,
-                              progress=progress, reuse_pc=reuse_pc)
+                              progress=progress, reuse_pc=reuse_pc, near_nullspace=near_nullspace)
     backend = default_backend() if backend is None else backend
     if method == "direct":  # sparse LU / Cholesky: slasolve.direct (validates collectively)
         from ..direct.api import _solve_direct
         return _solve_direct(A, b, backend=backend, pc=M if M is not None else pc, return_info=return_info,
                              petsc_options=petsc_options)
-    dA = _validate(A, b, x0, method=method, backend=backend, pc=pc, M=M, rtol=rtol, atol=atol,
-                   maxiter=maxiter, restart=restart, petsc_options=petsc_options,
-                   options_prefix=options_prefix, return_info=return_info, raise_on_fail=raise_on_fail,
-                   reuse_pc=reuse_pc)
-    pc = M if M is not None else pc
-    if progress:
-        callback = _progress_callback(dA.comm, 10 if progress is True else int(progress), callback)
-    solver = _solver(dA, method, backend, pc, restart, options_prefix, petsc_options)
-    opts = dict(rtol=float(rtol), atol=float(atol), maxiter=None if maxiter is None else int(maxiter),
-                callback=callback, record_history=record_history, raise_on_fail=raise_on_fail,
-                pc_fn=pc if callable(pc) else None, reuse_pc=bool(reuse_pc))
-    out: dict = {}
-    x = _AdjointSolve.apply(dA.values, b, dA, solver, opts, x0, out)
+    # stage / event / phase times (slasolve._log): local bookkeeping, no communication
+    with _log.stage("slaSolve"), _log.event("slaSolve"), _log.collect() as times:
+        with _log.phase("check"):
+            dA = _validate(A, b, x0, method=method, backend=backend, pc=pc, M=M, rtol=rtol, atol=atol,
+                           maxiter=maxiter, restart=restart, petsc_options=petsc_options,
+                           options_prefix=options_prefix, return_info=return_info,
+                           raise_on_fail=raise_on_fail, reuse_pc=reuse_pc, near_nullspace=near_nullspace)
+        pc = M if M is not None else pc
+        if progress:
+            callback = _progress_callback(dA.comm, 10 if progress is True else int(progress), callback)
+        solver = _solver(dA, method, backend, pc, restart, options_prefix, petsc_options)
+        opts = dict(rtol=float(rtol), atol=float(atol), maxiter=None if maxiter is None else int(maxiter),
+                    callback=callback, record_history=record_history, raise_on_fail=raise_on_fail,
+                    pc_fn=pc if callable(pc) else None, reuse_pc=bool(reuse_pc))
+        if near_nullspace is not None and backend == "petsc":  # a hint only the petsc backend uses
+            opts["near_nullspace"] = near_nullspace
+        out: dict = {}
+        try:
+            x = _AdjointSolve.apply(dA.values, b, dA, solver, opts, x0, out)
+        finally:
+            if "info" in out:
+                out["info"].times = times    # "total" is added when the block ends
     info = out["info"]
     if hasattr(solver, "norm"):
         info.norm = solver.norm

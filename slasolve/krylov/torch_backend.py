@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from .. import _log
 from .._comm import allreduce_sum, check_collective
 from . import torch_methods, torch_pc
 
@@ -104,14 +105,15 @@ class TorchKrylov:
         comm = self.comm
         op = dA.rmatvec if transpose and self.method not in _SYMMETRIC else dA.matvec
         t0 = time.perf_counter()
-        M = self._pc(dA, transpose, reuse_pc)
+        with _log.phase("setup", _log.event("slaPCSetUp")):
+            M = self._pc(dA, transpose, reuse_pc)
         t1 = time.perf_counter()
         kw = dict(x0=x0, rtol=rtol, atol=atol, maxiter=maxiter, M=M,
                   reduce_sum=lambda t: allreduce_sum(comm, t), callback=callback,
                   record_history=record_history)
         if self.method == "gmres":
             kw["restart"] = self._restart
-        with torch.no_grad():
+        with torch.no_grad(), _log.phase("solve"):
             x, info = _METHODS[self.method](op, b.detach(), **kw)
         info.setup_time, info.solve_time = t1 - t0, time.perf_counter() - t1
         info.backend = "torch"
