@@ -166,6 +166,9 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
             with temporary_options(entries, options_prefix):
                 snes.setFromOptions()
                 rtol, atol, stol_, max_it = snes.getTolerances()
+                db = PETSc.Options(options_prefix)
+                line = db.getString("snes_linesearch_type") if db.hasName("snes_linesearch_type") \
+                    else line_search
         except PETSc.Error as e:
             raise ValueError(f"PETSc rejected the SNES configuration (petsc_options={petsc_options!r}, "
                              f"linear_solver={linear_solver!r}): {e}") from None
@@ -182,10 +185,6 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
         its = snes.getIterationNumber()
         u = torch.from_numpy(X.getArray(readonly=True).copy()).to(u0.dtype)
         method, lm, pc = snes.getType(), ksp.getType(), ksp.getPC().getType()
-        line = line_search
-        lopts = PETSc.Options(options_prefix)
-        if lopts.hasName("snes_linesearch_type"):
-            line = lopts.getString("snes_linesearch_type")
     finally:
         snes.destroy()
         X.destroy()

@@ -1,0 +1,379 @@
+"""nonlinear_solve: solutions vs SciPy / an analytic Bratu solution, quadratic convergence,
+rank-count independence, IFT gradients vs finite differences and gradcheck, failures raised on
+every rank, per-call settings that do not leak."""
+import numpy as np
+import pytest
+import scipy.optimize as so
+import torch
+from mpi4py import MPI
+
+import slasolve
+from slasolve import ConvergenceError, DSparseTensor, NonlinearConvergenceError, nonlinear_solve
+from slasolve.testing import local_slice, replicate
+
+pytestmark = pytest.mark.mpi
+BACKENDS = ["petsc", "torch"]
+F64 = torch.float64
+
+
+def _split(n, comm):
+    offs = np.linspace(0, n, comm.Get_size() + 1).round().astype(int)
+    return int(offs[comm.Get_rank()]), int(offs[comm.Get_rank() + 1])
+
+
+class FD1D:
+    """Finite differences on (0, 1), u(0) = u(1) = 0, n interior points, a contiguous row
+    shard; neighbours come through DSparseTensor shift products (halo exchange):
+    ``-(k(u) u')' + c u^3 - f`` with ``k(u) = 1 + a u^2`` (flux form), or Bratu
+    ``-u'' - lam exp(u)``."""
+
+    def __init__(self, n, comm, dtype=F64):
+        self.n, self.comm, self.dtype = n, comm, dtype
+        self.lo, self.hi = _split(n, comm)
+        self.h = 1.0 / (n + 1)
+        g = np.arange(self.lo, self.hi)
+
+        def shift(d):
+            cols = g + d
+            keep = (cols >= 0) & (cols < n)
+            return DSparseTensor.from_local_rows(np.concatenate([[0], np.cumsum(keep)]), cols[keep],
+                                                 torch.ones(int(keep.sum()), dtype=dtype), (n, n), comm)
+        self.L, self.R = shift(-1), shift(1)
+        cols = np.stack([g - 1, g, g + 1], 1)
+        keep = (cols >= 0) & (cols < n)
+        self.keep = torch.as_tensor(keep.reshape(-1))
+        self.J0 = DSparseTensor.from_local_rows(np.concatenate([[0], np.cumsum(keep.sum(1))]), cols[keep],
+                                                torch.zeros(int(keep.sum()), dtype=dtype), (n, n), comm)
+        self.x = torch.as_tensor((g + 1) * self.h, dtype=dtype)
+
+    def _tri(self, left, diag, right):
+        return self.J0.with_values(torch.stack([left, diag, right], 1).reshape(-1)[self.keep])
+
+    def residual(self, u, f, c, a):
+        ul, ur = self.L @ u, self.R @ u
+        kp, km = 1 + a * ((u + ur) / 2) ** 2, 1 + a * ((u + ul) / 2) ** 2
+        return (-kp * (ur - u) + km * (u - ul)) / self.h ** 2 + c * u ** 3 - f
+
+    def jacobian(self, u, f, c, a):
+        ul, ur = self.L @ u, self.R @ u
+        sp_, sm = (u + ur) / 2, (u + ul) / 2
+        kp, km = 1 + a * sp_ ** 2, 1 + a * sm ** 2
+        h2 = self.h ** 2
+        return self._tri((a * sm * (u - ul) - km) / h2,
+                         (-a * sp_ * (ur - u) + kp + a * sm * (u - ul) + km) / h2 + 3 * c * u ** 2,
+                         (-a * sp_ * (ur - u) - kp) / h2)
+
+    @staticmethod
+    def residual_np(U, F, c, a, h):
+        """Serial NumPy version (no halo) for SciPy's root finder."""
+        Up = np.concatenate([[0.0], U, [0.0]])
+        u, ul, ur = Up[1:-1], Up[:-2], Up[2:]
+        kp, km = 1 + a * ((u + ur) / 2) ** 2, 1 + a * ((u + ul) / 2) ** 2
+        return (-kp * (ur - u) + km * (u - ul)) / h ** 2 + c * u ** 3 - F
+
+    def bratu(self, u, lam):
+        return (2 * u - self.L @ u - self.R @ u) / self.h ** 2 - lam * torch.exp(u)
+
+    def bratu_jacobian(self, u, lam):
+        e = torch.full_like(u, -1.0 / self.h ** 2)
+        return self._tri(e, 2.0 / self.h ** 2 - lam * torch.exp(u), e)
+
+    def gather(self, u):
+        return self.J0.gather(u, root=None)
+
+
+def _data(P):
+    f = 50 * torch.sin(np.pi * P.x) + 20
+    return f, torch.tensor(5.0, dtype=F64), torch.tensor(2.0, dtype=F64)
+
+
+def _same_everywhere(comm, value):
+    vals = comm.allgather(value)
+    assert all(v == vals[0] for v in vals), vals
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("matrix_free", [False, True])
+def test_solution_matches_scipy_root(comm, backend, matrix_free):
+    n = 40
+    P = FD1D(n, comm)
+    f, c, a = _data(P)
+    u, info = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, c, a,
+                              jacobian=None if matrix_free else P.jacobian, backend=backend,
+                              return_info=True, rtol=1e-10)
+    assert info.converged and info.reason == "CONVERGED_FNORM_RELATIVE"
+    assert info.backend == backend and info.residual_norm <= 1e-10 * info.residual_history[0]
+    assert len(info.residual_history) == info.iterations + 1
+    assert len(info.linear_iterations_per_step) == info.iterations
+    assert info.linear_iterations == sum(info.linear_iterations_per_step)
+    ug = P.gather(u).numpy()
+    fg = (50 * np.sin(np.pi * np.arange(1, n + 1) * P.h) + 20)
+    ref = so.root(FD1D.residual_np, np.zeros(n), args=(fg, 5.0, 2.0, P.h), method="hybr", tol=1e-13)
+    assert ref.success
+    assert np.abs(FD1D.residual_np(ref.x, fg, 5.0, 2.0, P.h)).max() < 1e-6
+    np.testing.assert_allclose(ug, ref.x, rtol=1e-8, atol=1e-10)
+    _same_everywhere(comm, (info.iterations, info.reason))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bratu_matches_analytic_solution(comm, backend):
+    # -u'' = lam exp(u), u(0) = u(1) = 0: u = -2 log(cosh((x - 1/2) t / 2) / cosh(t / 4)),
+    # t = sqrt(2 lam) cosh(t / 4) (lower branch); second-order finite differences
+    lam = 1.0
+    t = so.brentq(lambda t: t - np.sqrt(2 * lam) * np.cosh(t / 4), 0.1, 4.0)
+    errs = []
+    for n in (31, 63):
+        P = FD1D(n, comm)
+        u, info = nonlinear_solve(P.bratu, torch.zeros_like(P.x), lam, jacobian=P.bratu_jacobian,
+                                  backend=backend, return_info=True, linear_solver={"pc": "jacobi"})
+        xs = np.arange(1, n + 1) * P.h
+        exact = -2 * np.log(np.cosh((xs - 0.5) * t / 2) / np.cosh(t / 4))
+        errs.append(np.abs(P.gather(u).numpy() - exact).max())
+        assert info.iterations <= 6
+    assert errs[0] < 2e-4 and 3.5 < errs[0] / errs[1] < 4.5  # O(h^2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_quadratic_convergence(comm, backend):
+    P = FD1D(40, comm)
+    f, c, a = _data(P)
+    u, info = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, c, a, jacobian=P.jacobian,
+                              backend=backend, return_info=True)
+    r = np.asarray(info.residual_history)
+    # the last three steps are full Newton steps in the quadratic regime: r_{k+1} <= C r_k^2
+    ratios = r[-3:] / r[-4:-1] ** 2
+    assert np.all(ratios < 1e-3), ratios
+    assert r[-1] / r[-2] < 1e-4 and r[-2] / r[-3] < 1e-2
+    # the same problem with a loose inner tolerance converges only linearly: the test can fail
+    _, slow = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, c, a, jacobian=P.jacobian,
+                              backend=backend, return_info=True, linear_solver={"rtol": 0.2})
+    rs = np.asarray(slow.residual_history)
+    assert slow.converged and slow.iterations > info.iterations
+    assert (rs[-1] / rs[-2] ** 2) > 1.0
+    _same_everywhere(comm, list(np.round(r / r[0], 6)))
+
+
+def test_backends_and_rank_counts_agree(comm):
+    # the history with an exact Jacobian is the same on both backends and any rank count
+    P = FD1D(40, comm)
+    f, c, a = _data(P)
+    hs, us = [], []
+    for backend in BACKENDS:
+        u, info = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, c, a, jacobian=P.jacobian,
+                                  backend=backend, return_info=True, rtol=1e-10)
+        hs.append(np.asarray(info.residual_history))
+        us.append(P.gather(u))
+    assert len(hs[0]) == len(hs[1]) == 10
+    np.testing.assert_allclose(hs[0][:-1], hs[1][:-1], rtol=1e-6)
+    torch.testing.assert_close(us[0], us[1], rtol=1e-10, atol=1e-12)
+    # u* at 1 rank (a serial solve on COMM_SELF) equals the distributed one
+    S = FD1D(40, MPI.COMM_SELF)
+    fs, cs, as_ = _data(S)
+    us_ = nonlinear_solve(S.residual, torch.zeros_like(S.x), fs, cs, as_, jacobian=S.jacobian,
+                          backend="torch", rtol=1e-10, comm=MPI.COMM_SELF)
+    torch.testing.assert_close(us[0], us_, rtol=1e-10, atol=1e-12)
+
+
+def _loss_fn(P, backend, matrix_free, rtol=1e-12):
+    w = torch.cos(torch.arange(P.n, dtype=F64))
+
+    def loss(f_global, c, a):
+        f = local_slice(f_global, P.lo, P.hi, P.comm)
+        cc = local_slice(c, 0, 1, P.comm)[0]  # replicated scalar: ranks' shares summed in backward
+        aa = local_slice(a, 0, 1, P.comm)[0]
+        u = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, cc, aa, backend=backend, rtol=rtol,
+                            jacobian=None if matrix_free else P.jacobian)
+        return (w * replicate(u, P.comm)).sum()
+    return loss
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("matrix_free", [False, True])
+def test_ift_gradient_vs_finite_differences(comm, backend, matrix_free):
+    P = FD1D(24, comm)
+    fg = 50 * torch.sin(np.pi * torch.arange(1, 25, dtype=F64) * P.h) + 20
+    c = torch.tensor([5.0], dtype=F64, requires_grad=True)
+    a = torch.tensor([2.0], dtype=F64, requires_grad=True)
+    fg.requires_grad_(True)
+    loss = _loss_fn(P, backend, matrix_free)
+    L = loss(fg, c, a)
+    gf, gc, ga = torch.autograd.grad(L, (fg, c, a))
+    eps = 1e-5
+    with torch.no_grad():
+        for g, p in ((gc, c), (ga, a)):
+            d = ((loss(fg, *(q + eps if q is p else q for q in (c, a))) -
+                  loss(fg, *(q - eps if q is p else q for q in (c, a)))) / (2 * eps))
+            assert abs(float(g[0]) - float(d)) < 1e-5 * max(1.0, abs(float(d))), (float(g[0]), float(d))
+        for i in (0, 11, 23):
+            e = torch.zeros_like(fg)
+            e[i] = eps
+            d = (loss(fg + e, c, a) - loss(fg - e, c, a)) / (2 * eps)
+            assert abs(float(gf[i]) - float(d)) < 1e-6 * max(1.0, abs(float(d)))
+    _same_everywhere(comm, [round(float(gc[0]), 8), round(float(ga[0]), 8)])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradcheck(comm, backend):
+    P = FD1D(8, comm)
+    fg = (3 * torch.sin(np.pi * torch.arange(1, 9, dtype=F64) * P.h) + 1).requires_grad_(True)
+    c = torch.tensor([1.5], dtype=F64, requires_grad=True)
+    a = torch.tensor([0.7], dtype=F64, requires_grad=True)
+    loss = _loss_fn(P, backend, False, rtol=1e-13)
+    assert torch.autograd.gradcheck(loss, (fg, c, a), eps=1e-6, atol=1e-6, rtol=1e-4)
+    loss_mf = _loss_fn(P, backend, True, rtol=1e-13)
+    assert torch.autograd.gradcheck(lambda f: loss_mf(f, c.detach(), a.detach()), (fg,), eps=1e-6,
+                                    atol=1e-5, rtol=1e-3)
+
+
+def test_create_graph_raises(comm):
+    P = FD1D(8, comm)
+    f, c, a = _data(P)
+    c.requires_grad_(True)
+    u = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, c, a, jacobian=P.jacobian, backend="torch")
+    with pytest.raises(RuntimeError, match="differentiable once"):
+        torch.autograd.grad(slasolve.global_sum(u.sum(), comm), c, create_graph=True)
+    assert not u.detach().requires_grad
+
+
+class Diagonal:
+    """Elementwise residuals F(u)_i = phi(u_i) with a diagonal Jacobian."""
+
+    def __init__(self, n, comm, phi, dphi):
+        self.lo, self.hi = _split(n, comm)
+        m = self.hi - self.lo
+        self.J0 = DSparseTensor.from_local_rows(np.arange(m + 1), np.arange(self.lo, self.hi),
+                                                torch.zeros(m, dtype=F64), (n, n), comm)
+        self.phi, self.dphi = phi, dphi
+        self.m = m
+
+    def residual(self, u):
+        return self.phi(u)
+
+    def jacobian(self, u):
+        return self.J0.with_values(self.dphi(u))
+
+
+def _expect_failure(comm, reasons, params=(), **kw):
+    with pytest.raises(NonlinearConvergenceError) as ei:
+        nonlinear_solve(kw.pop("residual"), kw.pop("u0"), *params, **kw)
+    assert isinstance(ei.value, ConvergenceError)
+    info = ei.value.info
+    assert not info.converged and info.reason in reasons, info.reason
+    assert info.reason in str(ei.value)
+    _same_everywhere(comm, (info.reason, info.iterations))
+    return info
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_failures_raise_on_every_rank(comm, backend):
+    n = 12
+    # singular Jacobian at u0: F = u^2 - 1, u0 = 0
+    D = Diagonal(n, comm, lambda u: u * u - 1, lambda u: 2 * u)
+    _expect_failure(comm, ("DIVERGED_LINEAR_SOLVE", "DIVERGED_LINE_SEARCH"), residual=D.residual,
+                    u0=torch.zeros(D.m, dtype=F64), jacobian=D.jacobian, backend=backend)
+    # u^3 - 2u + 2 from u0 = 0: full Newton steps cycle 0 -> 1 -> 0 ...
+    C = Diagonal(n, comm, lambda u: u ** 3 - 2 * u + 2, lambda u: 3 * u ** 2 - 2)
+    info = _expect_failure(comm, ("DIVERGED_MAX_IT",), residual=C.residual, u0=torch.zeros(C.m, dtype=F64),
+                           jacobian=C.jacobian, backend=backend, line_search="basic", maxiter=20)
+    assert info.iterations == 20
+    np.testing.assert_allclose(info.residual_history[::2], 2.0 * np.sqrt(n), rtol=1e-12)
+    # ... with the line search Newton stalls at the local minimum of |F| (F > 0, F' = 0)
+    _expect_failure(comm, ("DIVERGED_LINE_SEARCH", "DIVERGED_LINEAR_SOLVE", "DIVERGED_MAX_IT",
+                           "DIVERGED_LOCAL_MIN"), residual=C.residual, u0=torch.zeros(C.m, dtype=F64),
+                    jacobian=C.jacobian, backend=backend)
+    # a good initial guess converges to the real root (the same functions: nothing is left over)
+    u = nonlinear_solve(C.residual, torch.full((C.m,), -2.0, dtype=F64), jacobian=C.jacobian, backend=backend)
+    root = so.brentq(lambda x: x ** 3 - 2 * x + 2, -3, -1)
+    np.testing.assert_allclose(u.numpy(), root, rtol=1e-12)
+    # maxiter
+    P = FD1D(40, comm)
+    f, c, a = _data(P)
+    _expect_failure(comm, ("DIVERGED_MAX_IT",), params=(f, c, a), residual=P.residual,
+                    u0=torch.zeros_like(P.x), jacobian=P.jacobian, backend=backend, maxiter=3)
+    u, info = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, c, a, jacobian=P.jacobian, backend=backend,
+                              maxiter=3, raise_on_fail=False, return_info=True)
+    assert info.reason == "DIVERGED_MAX_IT" and info.iterations == 3 and not info.converged
+    # NaN in the residual on the last rank only
+    last = comm.Get_size() - 1
+    N = Diagonal(n, comm, lambda u: u - 1 if comm.Get_rank() != last else (u - 1) * float("nan"),
+                 lambda u: torch.ones_like(u))
+    _expect_failure(comm, ("DIVERGED_FNORM_NAN",), residual=N.residual, u0=torch.zeros(N.m, dtype=F64),
+                    jacobian=N.jacobian, backend=backend)
+
+
+def test_validation_is_collective(comm):
+    P = FD1D(16, comm)
+    f, c, a = _data(P)
+    u0 = torch.zeros_like(P.x)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    with pytest.raises(ValueError, match="linear_solver"):
+        nonlinear_solve(P.residual, u0, f, c, a, jacobian=P.jacobian,
+                        linear_solver={"methd": "gmres"} if rank == size - 1 else {"method": "gmres"})
+    if size > 1:
+        with pytest.raises(ValueError, match="differ"):
+            nonlinear_solve(P.residual, u0, f, c, a, jacobian=P.jacobian, rtol=1e-8 if rank else 1e-6)
+    with pytest.raises(ValueError, match="line_search"):
+        nonlinear_solve(P.residual, u0, f, c, a, line_search="cubic")
+    with pytest.raises(ValueError, match="owned rows"):  # a residual of the wrong length on one rank
+        nonlinear_solve(lambda u, *p: torch.cat([P.residual(u, *p), u[:1]]) if rank == size - 1
+                        else P.residual(u, *p), u0, f, c, a, jacobian=P.jacobian)
+    with pytest.raises(ValueError, match="matrix-free"):
+        nonlinear_solve(P.residual, u0, f, c, a, linear_solver={"pc": "jacobi"})
+    with pytest.raises(ValueError, match="pattern"):  # a Jacobian whose pattern changes
+        calls = []
+
+        def jac(u, *p):
+            calls.append(1)
+            J = P.jacobian(u, *p)
+            if len(calls) < 2:
+                return J
+            ip, ix, v = J.local_rows_csr()
+            keep = torch.ones_like(ix, dtype=torch.bool)
+            if rank == 0:
+                keep[1] = False  # drop one stored entry on rank 0 only
+            rows = torch.repeat_interleave(torch.arange(ip.numel() - 1), torch.diff(ip))
+            counts = torch.zeros(ip.numel() - 1, dtype=torch.long).index_add(0, rows, keep.long())
+            newp = torch.cat([ip.new_zeros(1), torch.cumsum(counts, 0)])
+            return DSparseTensor.from_local_rows(newp, ix[keep], v[keep], J.global_shape, comm)
+        nonlinear_solve(P.residual, u0, f, c, a, jacobian=jac, backend="torch")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_settings_do_not_leak(comm, backend):
+    P = FD1D(40, comm)
+    f, c, a = _data(P)
+    u0 = torch.zeros_like(P.x)
+    ref = nonlinear_solve(P.residual, u0, f, c, a, jacobian=P.jacobian, backend=backend, rtol=1e-10)
+    if backend == "petsc":
+        # per-call options: one Newton step, then full steps; neither reaches the next call
+        _, i1 = nonlinear_solve(P.residual, u0, f, c, a, jacobian=P.jacobian, backend=backend,
+                                petsc_options={"snes_max_it": 1}, raise_on_fail=False, return_info=True)
+        assert i1.reason == "DIVERGED_MAX_IT" and i1.iterations == 1
+        _, i2 = nonlinear_solve(P.residual, u0, f, c, a, jacobian=P.jacobian, backend=backend,
+                                petsc_options={"snes_linesearch_type": "basic", "ksp_type": "bcgs",
+                                               "pc_type": "jacobi"}, return_info=True, raise_on_fail=False)
+        assert i2.line_search == "basic" and i2.linear_method == "bicgstab" and i2.pc == "jacobi"
+    for ls in ({"method": "bicgstab", "pc": "jacobi"}, {"method": "gmres", "pc": "ilu", "restart": 5},
+               {"method": "cg", "pc": "jacobi"}, {}):
+        # the Jacobian is symmetric at the solution only approximately: cg may fail; others match
+        u, info = nonlinear_solve(P.residual, u0, f, c, a, jacobian=P.jacobian, backend=backend, rtol=1e-10,
+                                  linear_solver=ls, raise_on_fail=False, return_info=True)
+        if ls.get("method") != "cg":
+            assert info.converged and info.line_search == "bt", info.summary()
+            torch.testing.assert_close(u, ref, rtol=1e-9, atol=1e-11)
+    u, info = nonlinear_solve(P.residual, u0, f, c, a, jacobian=P.jacobian, backend=backend, rtol=1e-10,
+                              return_info=True)
+    assert info.iterations == 9 and info.line_search == "bt" and info.linear_method == "gmres"
+    torch.testing.assert_close(u, ref, rtol=0, atol=0)
+
+
+def test_float32_and_callback(comm):
+    P = FD1D(20, comm, dtype=torch.float32)
+    f = (50 * torch.sin(np.pi * P.x) + 20).float()
+    seen = []
+    u, info = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, 5.0, 2.0, jacobian=P.jacobian,
+                              backend="torch", rtol=1e-4, return_info=True,
+                              callback=lambda it, rn: seen.append((it, rn)))
+    assert u.dtype == torch.float32 and info.converged
+    assert [s[0] for s in seen] == list(range(1, info.iterations + 1))
+    assert [s[1] for s in seen] == info.residual_history[1:]
