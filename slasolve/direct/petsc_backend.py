@@ -90,6 +90,13 @@ class PetscFactor:
                 with temporary_options(self.petsc_options, OPTIONS_PREFIX):
                     self.pc.setFromOptions()
                     self._force_type(kind)
+                    self.pc.setFactorSetUpSolverType()
+                    # null-pivot detection: a numerically singular matrix (rounding-level
+                    # pivot, e.g. a Laplacian's constant null space) is reported in
+                    # INFOG(28) instead of giving a huge "solution" with a tiny residual
+                    F = self.pc.getFactorMatrix()
+                    if not self._user_set("mat_mumps_icntl_24"):
+                        F.setMumpsIcntl(24, 1)
                     self.pc.setUp()
             else:
                 self.pc.setUp()  # same Mat, same pattern: PETSc refactors numerically only
@@ -106,6 +113,11 @@ class PetscFactor:
                 err = FactorizationError(failed_info("petsc", kind),
                                          f"direct solve: MUMPS {kind} factorisation failed: {what} "
                                          f"(INFOG(1) = {code}, INFOG(2) = {detail})", code)
+            elif int(F.getMumpsIcntl(24)) == 1 and int(F.getMumpsInfog(28)) > 0:
+                nulls = int(F.getMumpsInfog(28))
+                err = FactorizationError(failed_info("petsc", kind),
+                                         f"direct solve: MUMPS {kind} factorisation: matrix is numerically "
+                                         f"singular ({nulls} null pivot(s) detected, INFOG(28) = {nulls})", -10)
         if err is not None:
             self._drop_pc()
         raise_factor_error_collective(self.comm, err, "petsc", kind)
@@ -136,6 +148,11 @@ class PetscFactor:
             raise ValueError("factorization='cholesky' needs an exactly symmetric matrix; A is not "
                              "symmetric (use factorization='lu' or None)")
         return ("cholesky" if sym else "lu"), sym
+
+    def _user_set(self, name: str) -> bool:
+        from ..petsc import option_entries
+        return name in option_entries(self.petsc_options) or \
+            PETSc.Options(OPTIONS_PREFIX).hasName(name)
 
     def _make_pc(self, kind):
         pc = PETSc.PC().create(comm=self.comm)

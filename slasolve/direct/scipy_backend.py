@@ -20,7 +20,10 @@ import torch
 from ._common import changed_anywhere
 from .info import FactorizationError, FactorizationInfo, failed_info
 
-__all__ = ["SuperLUFactor"]
+__all__ = ["SuperLUFactor", "PIVOT_TOL"]
+
+#: a pivot ``|u_ii| <= PIVOT_TOL * n * ||A||_inf`` means "numerically singular"
+PIVOT_TOL = 2.220446049250313e-16
 
 
 class SuperLUFactor:
@@ -60,6 +63,16 @@ class SuperLUFactor:
                                      f"direct solve: SuperLU factorisation failed: {e} "
                                      "(A is singular)") from None
         dt = time.perf_counter() - t0
+        # SuperLU raises only on an exactly zero pivot; a rounding-level one (a numerically
+        # singular matrix) would give a huge "solution" with a tiny residual
+        piv = np.abs(lu.U.diagonal())
+        anorm = float(abs(C).sum(axis=1).max()) if C.nnz else 0.0
+        tol = PIVOT_TOL * max(C.shape[0], 1) * anorm
+        nulls = int((piv <= tol).sum())
+        if nulls:
+            raise FactorizationError(failed_info("scipy", "lu"),
+                                     f"direct solve: SuperLU: matrix is numerically singular ({nulls} "
+                                     f"pivot(s) below n * eps * ||A||_inf = {tol:.2e})")
         self.lu, self.snapshot = lu, vals.clone()
         info = self.info
         info.symbolic_factorizations += 1

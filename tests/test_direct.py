@@ -1,0 +1,411 @@
+"""Direct solves (slasolve.spsolve / factorized): answers vs SciPy, multi-RHS and
+transposed solves, live values with symbolic reuse (PETSc log events), adjoint
+gradients (gradcheck, no refactorisation in backward), failures on every rank."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+import torch
+from mpi4py import MPI
+
+import slasolve
+from slasolve import FactorizationError, factorized, spsolve
+from slasolve.testing import case_matrix, distribute, local_slice, replicate
+
+pytestmark = pytest.mark.mpi
+
+KINDS = ["spd", "nonsym", "symindef", "block2", "block2ns", "elastic2"]
+SYMMETRIC = {"spd", "symindef", "block2", "elastic2"}
+
+
+def _backends(comm):
+    return ["petsc", "torch"] if comm.size == 1 else ["petsc"]
+
+
+def _rhs(n, k=None, seed=0):
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy(rng.uniform(-1, 1, n if k is None else (n, k)))
+
+
+def _gather(dA, x):
+    if x.dim() == 1:
+        return dA.gather(x, root=None).numpy()
+    return np.stack([dA.gather(x[:, j].contiguous(), root=None).numpy() for j in range(x.shape[1])], 1)
+
+
+def _events():
+    from petsc4py import PETSc
+    PETSc.Log.begin()  # idempotent; the log events below count only while logging is on
+    names = ("MatLUFactorSym", "MatLUFactorNum", "MatCholFctrSym", "MatCholFctrNum", "MatSolve",
+             "MatMatSolve", "MatSolveTranspos")  # PETSc truncates event names
+    evs = {n: PETSc.Log.Event(n) for n in names}
+    return lambda: {n: e.getPerfInfo()["count"] for n, e in evs.items()}
+
+
+def _rel(a, b):
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("partition", ["contiguous", "metis"])
+def test_matches_scipy_spsolve(comm, kind, partition):
+    A, _, _ = case_matrix(kind, 60, seed=1)
+    dA = distribute(A, comm, partition)
+    bg = _rhs(A.shape[0])
+    b = dA.scatter(bg, root=None)
+    ref = spla.spsolve(sp.csc_matrix(A), bg.numpy())
+    for backend in _backends(comm):
+        x, info = spsolve(dA, b, backend=backend, return_info=True)
+        assert x.dtype == b.dtype and x.shape == b.shape
+        assert _rel(_gather(dA, x), ref) < 1e-12
+        if backend == "petsc":
+            assert info.solver == "mumps"
+            assert info.factorization == ("cholesky" if kind in SYMMETRIC else "lu")
+            assert info.symmetric == (kind in SYMMETRIC)
+            assert info.memory_mb is not None and info.memory_mb >= 0
+        else:
+            assert (info.solver, info.factorization) == ("superlu", "lu")
+        assert info.n == A.shape[0] and info.nnz == sp.csr_matrix(A).nnz
+        assert info.factor_nnz > 0 and info.fill > 0 and info.backward_error < 1e-13
+
+
+@pytest.mark.parametrize("kind", ["nonsym", "block2ns", "spd"])
+def test_multi_rhs_and_transpose_one_backend_call(comm, kind):
+    A, _, _ = case_matrix(kind, 50, seed=2)
+    dA = distribute(A, comm, "metis")
+    Bg = _rhs(A.shape[0], 3, seed=3)
+    B = dA.scatter(Bg, root=None)
+    ref = spla.spsolve(sp.csc_matrix(A), Bg.numpy())
+    refT = spla.spsolve(sp.csc_matrix(A.T), Bg.numpy())
+    for backend in _backends(comm):
+        F = factorized(dA, backend=backend)
+        counts = _events() if backend == "petsc" else None
+        c0 = counts() if counts else None
+        X = F(B)
+        XT = F.solve(B, transpose=True)
+        assert _rel(_gather(dA, X), ref) < 1e-12
+        assert _rel(_gather(dA, XT), refT) < 1e-12
+        # one backend call per (n, k) right-hand side, whatever k
+        assert (F.info.solves, F.info.transpose_solves, F.info.numeric_factorizations) == (1, 1, 1)
+        if counts:
+            c1 = counts()
+            assert c1["MatMatSolve"] - c0["MatMatSolve"] == 2
+            assert c1["MatSolve"] == c0["MatSolve"] and c1["MatSolveTranspos"] == c0["MatSolveTranspos"]
+        # single columns agree with the block solve
+        x1 = F(B[:, 1].contiguous())
+        xt1 = F.solve(B[:, 1].contiguous(), transpose=True)
+        assert torch.allclose(x1, X[:, 1], rtol=1e-12, atol=1e-14)
+        assert torch.allclose(xt1, XT[:, 1], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("kind", ["nonsym", "spd", "block2"])
+def test_live_values_refactor_numerically(comm, kind):
+    A, _, _ = case_matrix(kind, 50, seed=4)
+    dA = distribute(A, comm, "contiguous")
+    bg = _rhs(A.shape[0], seed=5)
+    b = dA.scatter(bg, root=None)
+    sym, num = ("MatCholFctrSym", "MatCholFctrNum") if kind in SYMMETRIC else ("MatLUFactorSym", "MatLUFactorNum")
+    for backend in _backends(comm):
+        v = dA.values.detach().clone()
+        A1 = dA.with_values(v)
+        counts = _events() if backend == "petsc" else None
+        c0 = counts() if counts else None
+        F = factorized(A1, backend=backend)
+        x0 = F(b)
+        assert _rel(_gather(dA, x0), spla.spsolve(sp.csc_matrix(A), bg.numpy())) < 1e-12
+        with torch.no_grad():  # in place, no version-counter tricks needed
+            v.mul_(3.0)
+        x1 = F(b)  # never the stale answer
+        assert _rel(_gather(dA, x1), spla.spsolve(sp.csc_matrix(A * 3.0), bg.numpy())) < 1e-12
+        F(b)  # unchanged values: no refactorisation
+        assert F.info.numeric_factorizations == 2
+        if backend == "petsc":
+            assert F.info.symbolic_factorizations == 1
+            c1 = counts()
+            assert c1[sym] - c0[sym] == 1, (c0, c1)  # analysis once ...
+            assert c1[num] - c0[num] == 2, (c0, c1)  # ... numeric factorisation twice
+        # spsolve: new values of the same pattern reuse the cached analysis
+        x2 = spsolve(dA.with_values(dA.values * 0.5), b, backend=backend)
+        x3, info = spsolve(dA.with_values(dA.values * 0.25), b, backend=backend, return_info=True)
+        assert _rel(_gather(dA, x2), spla.spsolve(sp.csc_matrix(A * 0.5), bg.numpy())) < 1e-12
+        assert _rel(_gather(dA, x3), spla.spsolve(sp.csc_matrix(A * 0.25), bg.numpy())) < 1e-12
+        if backend == "petsc":
+            assert info.symbolic_factorizations == 1 and info.numeric_factorizations == 2
+
+
+def test_symmetry_lost_switches_to_lu(comm):
+    A, _, _ = case_matrix("spd", 40, seed=6)
+    dA = distribute(A, comm, "contiguous")
+    bg = _rhs(A.shape[0])
+    b = dA.scatter(bg, root=None)
+    v = dA.values.detach().clone()
+    F = factorized(dA.with_values(v))
+    assert F.info.factorization == "cholesky"
+    C = sp.csr_matrix(A).tocoo()
+    w = np.where(C.row < C.col, 0.5, 1.0) * C.data  # same pattern, upper triangle halved
+    An = sp.csr_matrix((w, (C.row, C.col)), shape=A.shape)
+    vn = distribute(An, comm, "contiguous").values
+    with torch.no_grad():
+        v.copy_(vn)
+    x = F(b)
+    assert F.info.factorization == "lu" and F.info.symmetric is False
+    assert _rel(_gather(dA, x), spla.spsolve(sp.csc_matrix(An), bg.numpy())) < 1e-12
+    with pytest.raises(ValueError, match="symmetric"):
+        spsolve(dA.with_values(vn), b, factorization="cholesky")
+    x = spsolve(dA, b, factorization="lu", return_info=True)
+    assert x[1].factorization == "lu"
+
+
+@pytest.mark.parametrize("kind", ["nonsym", "spd", "block2ns"])
+def test_gradcheck_values_and_rhs(comm, kind):
+    A, _, _ = case_matrix(kind, 16, seed=7)
+    if comm.size > A.shape[0] // 4:
+        pytest.skip("too many ranks for this tiny matrix")
+    dA = distribute(A, comm, "contiguous")
+    nnzs = comm.allgather(dA.values.shape[0])
+    off = np.concatenate([[0], np.cumsum(nnzs)])
+    vg = torch.cat(comm.allgather(dA.values.detach())).requires_grad_()
+    bg = _rhs(A.shape[0], seed=8).requires_grad_()
+    r0, r1 = dA.row_range
+    for backend in _backends(comm):
+        for transpose in (False, True):
+            def f(v, b):
+                vl = local_slice(v, off[comm.rank], off[comm.rank + 1], comm)
+                bl = local_slice(b, r0, r1, comm)
+                A1 = dA.with_values(vl)
+                x = factorized(A1, backend=backend).solve(bl, transpose=transpose) if transpose \
+                    else spsolve(A1, bl, backend=backend)
+                return replicate(x, comm)
+            assert torch.autograd.gradcheck(f, (vg, bg), atol=1e-7, rtol=1e-6, fast_mode=comm.size > 1)
+
+
+def test_multi_rhs_gradient_matches_columns(comm):
+    A, _, _ = case_matrix("nonsym", 30, seed=9)
+    dA = distribute(A, comm, "metis")
+    B = dA.scatter(_rhs(A.shape[0], 2, seed=1), root=None)
+    for backend in _backends(comm):
+        v = dA.values.detach().clone().requires_grad_()
+        Bq = B.clone().requires_grad_()
+        X = spsolve(dA.with_values(v), Bq, backend=backend)
+        slasolve.global_sum((X * X).sum()).backward()
+        gv, gb = v.grad.clone(), Bq.grad.clone()
+        v.grad = None
+        tot = 0
+        gbs = []
+        for j in range(2):
+            bj = B[:, j].clone().requires_grad_()
+            xj = spsolve(dA.with_values(v), bj, backend=backend)
+            slasolve.global_sum((xj * xj).sum()).backward()
+            gbs.append(bj.grad)
+        assert torch.allclose(v.grad, gv, rtol=1e-10, atol=1e-12)
+        assert torch.allclose(torch.stack(gbs, 1), gb, rtol=1e-10, atol=1e-12)
+
+
+def test_backward_reuses_factors(comm):
+    A, _, _ = case_matrix("nonsym", 40, seed=10)
+    dA = distribute(A, comm, "contiguous")
+    b = dA.scatter(_rhs(A.shape[0]), root=None)
+    for backend in _backends(comm):
+        v = dA.values.detach().clone().requires_grad_()
+        F = factorized(dA.with_values(v), backend=backend)
+        counts = _events() if backend == "petsc" else None
+        c0 = counts() if counts else None
+        x = F(b)
+        n0, t0 = F.info.numeric_factorizations, F.info.transpose_solves
+        slasolve.global_sum((x * x).sum()).backward()
+        assert F.info.numeric_factorizations == n0 == 1  # no refactorisation in backward
+        assert F.info.transpose_solves == t0 + 1  # exactly one transposed solve
+        assert v.grad is not None and torch.isfinite(v.grad).all()
+        if counts:
+            c1 = counts()
+            assert c1["MatLUFactorNum"] == c0["MatLUFactorNum"]
+            assert c1["MatSolveTranspos"] - c0["MatSolveTranspos"] == 1
+        # create_graph=True raises instead of returning incomplete second derivatives
+        x = F(b.clone().requires_grad_())
+        with pytest.raises(RuntimeError, match="differentiable once"):
+            torch.autograd.grad(slasolve.global_sum((x * x).sum()), v, create_graph=True)
+
+
+def _dup_row(A):
+    C = sp.lil_matrix(A)
+    C[5] = C[4]
+    return sp.csr_matrix(C)
+
+
+@pytest.mark.parametrize("case", ["emptyrows_ns", "dup_row", "zero_row_stored"])
+def test_singular_raises_on_every_rank(comm, case):
+    good = None
+    if case == "dup_row":
+        A = _dup_row(case_matrix("nonsym", 30, seed=11)[0])
+    elif case == "zero_row_stored":
+        good = sp.csr_matrix(case_matrix("spd", 30, seed=11)[0])
+        A = good.copy()
+        A.data[A.indptr[7]:A.indptr[8]] = 0.0  # stored zeros: structurally fine, numerically singular
+    else:
+        A = case_matrix(case, 30, seed=11)[0]
+    dA = distribute(A, comm, "contiguous")
+    bg = _rhs(A.shape[0])
+    b = dA.scatter(bg, root=None)
+    for backend in _backends(comm):
+        with pytest.raises(FactorizationError, match="singular") as e:
+            spsolve(dA, b, backend=backend)
+        assert isinstance(e.value, slasolve.ConvergenceError) and e.value.info.reason == "DIVERGED_PC_FAILED"
+        with pytest.raises(FactorizationError, match="singular"):
+            factorized(dA, backend=backend)
+        if good is not None:
+            # the failure leaves nothing stale: good values of the same pattern solve next
+            # (through the same cached layout)
+            x = spsolve(dA.with_values(distribute(good, comm, "contiguous").values), b, backend=backend)
+            assert _rel(_gather(dA, x), spla.spsolve(sp.csc_matrix(good), bg.numpy())) < 1e-12
+
+
+def test_singular_laplacian_raises(comm):
+    A = case_matrix("laplacian", 30, seed=12)[0]  # singular (constants), symmetric
+    dA = distribute(A, comm, "contiguous")
+    b = dA.scatter(_rhs(A.shape[0]), root=None)
+    for backend in _backends(comm):
+        with pytest.raises(FactorizationError):
+            spsolve(dA, b, backend=backend)
+
+
+def test_nonfinite_input_raises_on_every_rank(comm):
+    A = case_matrix("nonsym", 30, seed=13)[0]
+    dA = distribute(A, comm, "contiguous")
+    b = dA.scatter(_rhs(A.shape[0]), root=None)
+    for backend in _backends(comm):
+        bad_b = b.clone()
+        if comm.rank == comm.size - 1:
+            bad_b[0] = float("nan")
+        with pytest.raises(ValueError, match="NaN"):
+            spsolve(dA, bad_b, backend=backend)
+        v = dA.values.detach().clone()
+        A1 = dA.with_values(v)
+        if comm.rank == 0:
+            v[0] = float("inf")  # in place, after with_values' own check
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            spsolve(A1, b, backend=backend)
+        F = factorized(dA, backend=backend)
+        with pytest.raises(ValueError, match="NaN"):
+            F(bad_b)
+
+
+def test_bad_arguments_raise_on_every_rank(comm):
+    A = case_matrix("nonsym", 30, seed=14)[0]
+    dA = distribute(A, comm, "contiguous")
+    b = dA.scatter(_rhs(A.shape[0]), root=None)
+    with pytest.raises(ValueError, match="factorization"):
+        spsolve(dA, b, factorization="qr")
+    with pytest.raises(ValueError, match="backend"):
+        spsolve(dA, b, backend="cuda")
+    with pytest.raises(ValueError, match="differ"):
+        spsolve(dA, b, factorization="lu" if comm.rank == 0 else None) if comm.size > 1 else \
+            (_ for _ in ()).throw(ValueError("differ"))
+    wrong = b[:-1] if comm.rank == comm.size - 1 else b
+    with pytest.raises(ValueError, match="shape"):
+        spsolve(dA, wrong)
+    if comm.size > 1:
+        with pytest.raises(ValueError, match="one rank only"):
+            spsolve(dA, b, backend="torch")
+        with pytest.raises(ValueError, match="one rank only"):
+            factorized(dA, backend="scipy")
+
+
+def test_solve_method_direct(comm):
+    A, _, _ = case_matrix("block2ns", 40, seed=15)
+    dA = distribute(A, comm, "metis")
+    bg = _rhs(A.shape[0])
+    b = dA.scatter(bg, root=None)
+    ref = spla.spsolve(sp.csc_matrix(A), bg.numpy())
+    for backend in _backends(comm):
+        x, info = slasolve.solve(dA, b, method="direct", backend=backend, return_info=True)
+        assert info.converged and info.method == "direct" and info.pc == "lu"
+        assert info.residual_norm < 1e-12 * np.linalg.norm(bg.numpy())
+        assert _rel(_gather(dA, x), ref) < 1e-12
+        x2 = slasolve.solve(dA, b, "direct", backend=backend, pc="lu")
+        assert torch.allclose(x, x2, rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="factorization"):
+        slasolve.solve(dA, b, method="direct", pc="ilu")
+
+
+def test_local_inputs_single_rank():
+    A, _, _ = case_matrix("nonsym", 30, seed=16)
+    b = _rhs(30)
+    ref = spla.spsolve(sp.csc_matrix(A), b.numpy())
+    S = slasolve.SparseTensor.from_scipy(A)
+    T = torch.sparse_csr_tensor(torch.from_numpy(A.indptr).long(), torch.from_numpy(A.indices).long(),
+                                torch.from_numpy(A.data), A.shape)
+    for backend in ["petsc", "torch"]:
+        for Ain in (A, S, T):
+            x = spsolve(Ain, b, backend=backend)
+            assert _rel(x.numpy(), ref) < 1e-12
+    # value gradients reach a SparseTensor's values
+    v = S.values.clone().requires_grad_()
+    for backend in ["petsc", "torch"]:
+        x = spsolve(S.with_values(v), b, backend=backend)
+        x.sum().backward()
+        g1 = v.grad.clone()
+        v.grad = None
+        # dense reference: dL/dA = -lam x^T with A^T lam = 1
+        lam = np.linalg.solve(A.toarray().T, np.ones(30))
+        C = A.tocoo()
+        assert np.allclose(g1.numpy(), -(lam[C.row] * ref[C.col]), rtol=1e-10, atol=1e-12)
+
+
+NO_PETSC = textwrap.dedent("""
+    import sys
+    sys.modules["petsc4py"] = None
+    sys.modules["slepc4py"] = None
+    import numpy as np, scipy.sparse as sp, scipy.sparse.linalg as spla, torch
+    import slasolve
+    from slasolve.testing import case_matrix
+    assert "petsc4py.PETSc" not in sys.modules
+    A = case_matrix("block2ns", 30, seed=3)[0]
+    S = slasolve.SparseTensor.from_scipy(A)
+    b = torch.from_numpy(np.linspace(-1, 1, A.shape[0]))
+    x, info = slasolve.spsolve(S, b, return_info=True)
+    assert (info.backend, info.solver) == ("scipy", "superlu"), info
+    assert np.allclose(x.numpy(), spla.spsolve(sp.csc_matrix(A), b.numpy()), rtol=1e-12, atol=1e-13)
+    F = slasolve.factorized(S)
+    B = torch.stack([b, b * b], 1)
+    assert np.allclose(F.solve(B, transpose=True).numpy(), spla.spsolve(sp.csc_matrix(A.T), B.numpy()),
+                       rtol=1e-12, atol=1e-13)
+    v = S.values.clone().requires_grad_()
+    bq = b.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda v, b: slasolve.spsolve(S.with_values(v), b), (v, bq))
+    x, info = slasolve.solve(S, b, method="direct", return_info=True)
+    assert info.converged and info.backend == "scipy"
+    try:
+        slasolve.spsolve(S, b, backend="petsc")
+    except ImportError as e:
+        assert "petsc4py" in str(e)
+    else:
+        raise AssertionError("backend='petsc' without petsc4py must raise ImportError")
+    C = sp.lil_matrix(A); C[3] = C[2]
+    try:
+        slasolve.spsolve(sp.csr_matrix(C), b)
+    except slasolve.FactorizationError as e:
+        assert "singular" in str(e)
+    else:
+        raise AssertionError("singular matrix must raise")
+    print("OK")
+""")
+
+
+def test_without_petsc4py(comm):
+    if comm.rank != 0:  # a local subprocess; every rank asserts the same outcome below
+        ok = comm.bcast(None, root=0)
+    else:
+        # a plain single process: without mpirun's environment (a child of an mpirun rank
+        # cannot MPI_Init as a singleton)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "HYDRA_"))}
+        out = subprocess.run([sys.executable, "-c", NO_PETSC], capture_output=True, text=True, timeout=120,
+                             env=env)
+        ok = comm.bcast((out.returncode, out.stdout, out.stderr[-3000:]), root=0)
+    rc, stdout, stderr = ok
+    assert rc == 0, stderr
+    assert "OK" in stdout
