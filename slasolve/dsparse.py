@@ -342,6 +342,28 @@ class DSparseTensor:
     For a row shard, ``local`` holds the owned block rows ``[rstart, rend)``
     with *global* block-column indices; vectors are plain tensors holding the
     rank's owned rows, shape ``(n_local,)`` or ``(n_local, k)``.
+
+    Examples
+    --------
+    Distribute a matrix given on rank 0 (``None`` elsewhere), then map global vectors
+    to owned rows and back with :meth:`scatter` / :meth:`gather` (they apply the
+    partition's renumbering; never slice a global vector by :attr:`row_range` when a
+    partitioner was used). Runs unchanged under ``mpirun -n N``:
+
+    >>> import scipy.sparse as sp, torch
+    >>> from mpi4py import MPI
+    >>> from slasolve import DSparseTensor
+    >>> comm = MPI.COMM_WORLD
+    >>> A_global = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(6, 6), format="csr")
+    >>> A = DSparseTensor.from_global(A_global if comm.rank == 0 else None, comm)
+    >>> A.global_shape
+    (6, 6)
+    >>> x_global = torch.arange(6.0, dtype=torch.float64) if comm.rank == 0 else None
+    >>> x = A.scatter(x_global)             # this rank's owned rows
+    >>> x.shape == (A.n_local,)
+    True
+    >>> A.gather(A @ x, root=None)          # the global product, on every rank
+    tensor([-1.,  0.,  0.,  0.,  0.,  6.], dtype=torch.float64)
     """
 
     def __init__(self, local: SparseTensor, spec: DSparseSpec, *, _layout: Optional[_RowLayout] = None):
@@ -471,6 +493,29 @@ class DSparseTensor:
             as the owned rows for a square matrix, PETSc's split otherwise.
 
         Memory per rank is O(local rows + ghosts + local nonzeros).
+
+        Examples
+        --------
+        Every rank builds only its own rows of the ``N x N`` tridiagonal matrix
+        ``tridiag(-1, 2, -1)`` (rows ``lo..hi`` of the user's numbering, here an even
+        split); vectors are then plain tensors of those rows:
+
+        >>> import numpy as np, torch
+        >>> from mpi4py import MPI
+        >>> from slasolve import DSparseTensor
+        >>> comm, N = MPI.COMM_WORLD, 8
+        >>> lo, hi = N * comm.rank // comm.size, N * (comm.rank + 1) // comm.size
+        >>> i = np.arange(lo, hi)
+        >>> cols = np.stack([i - 1, i, i + 1], axis=1)           # sorted per row
+        >>> keep = (cols >= 0) & (cols < N)
+        >>> vals = np.broadcast_to([-1.0, 2.0, -1.0], cols.shape)[keep]
+        >>> indptr = np.concatenate([[0], np.cumsum(keep.sum(1))])
+        >>> A = DSparseTensor.from_local_rows(indptr, cols[keep], torch.tensor(vals), (N, N), comm)
+        >>> A.row_range == (lo, hi)
+        True
+        >>> y = A @ torch.ones(hi - lo, dtype=torch.float64)    # owned rows of A @ 1
+        >>> A.gather(y, root=None)
+        tensor([1., 0., 0., 0., 0., 0., 0., 1.], dtype=torch.float64)
         """
         comm = get_comm(comm)
         err = None

@@ -220,6 +220,28 @@ class SparseTensor:
     -----
     Build from COO with :meth:`from_coo` (duplicates summed, sorted columns);
     the raw constructor keeps the given order.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from slasolve import SparseTensor
+    >>> A = SparseTensor.from_coo([0, 0, 1, 2], [0, 1, 1, 2], torch.tensor([2.0, -1.0, 2.0, 3.0]), (3, 3))
+    >>> A.shape, A.nnz
+    ((3, 3), 4)
+    >>> A.to_dense()
+    tensor([[ 2., -1.,  0.],
+            [ 0.,  2.,  0.],
+            [ 0.,  0.,  3.]])
+    >>> A @ torch.ones(3)
+    tensor([1., 2., 3.])
+
+    The values may require grad; products are differentiable in them:
+
+    >>> v = torch.tensor([2.0, -1.0, 2.0, 3.0], requires_grad=True)
+    >>> A = SparseTensor.from_coo([0, 0, 1, 2], [0, 1, 1, 2], v, (3, 3))
+    >>> (A @ torch.ones(3)).sum().backward()
+    >>> v.grad
+    tensor([1., 1., 1., 1.])
     """
 
     def __init__(self, indptr, indices, values, shape: Sequence[int], *,

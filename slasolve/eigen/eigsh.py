@@ -206,6 +206,23 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
     ``petsc_options`` SLEPc rejects; :class:`EigenConvergenceError` on
     non-convergence or a failed verification, its message naming the method
     that ran (``info.method``). ``info.times`` gives the seconds per phase.
+
+    Examples
+    --------
+    The smallest eigenvalues of the 1-D Laplacian ``tridiag(-1, 2, -1)``, known in
+    closed form:
+
+    >>> import numpy as np, scipy.sparse as sp
+    >>> import slasolve
+    >>> n = 50
+    >>> A = slasolve.DSparseTensor.from_global(sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(n, n),
+    ...                                                format="csr"))
+    >>> w, V = slasolve.eigsh(A, k=3, which="SA")
+    >>> exact = 2 - 2 * np.cos(np.pi * np.arange(1, 4) / (n + 1))
+    >>> np.allclose(w.numpy(), exact, rtol=1e-6, atol=1e-9)
+    True
+    >>> V.shape == (A.n_local, 3)        # this rank's rows of the eigenvectors
+    True
     """
     with _log.stage("slaEigsh"), _log.event("slaEigsh"), _log.collect() as times:
         return _eigsh(A, k, M, which, sigma, v0, tol, maxiter, backend, method, ncv, pc, return_info,

@@ -100,6 +100,27 @@ class Assembler:
         lexicographic cell order, independent of the number of ranks).
     nnz : owned (block) nonzeros; ``nnz_plan``: the nonzero-level HaloPlan;
     ``node_plan``: the node-level HaloPlan.
+
+    Examples
+    --------
+    Poisson ``-div(kappa grad u) = 1`` on the unit square, ``u = 0`` on the boundary,
+    P1 triangles, and the gradient of a global quantity with respect to the per-cell
+    conductivity (runs unchanged under ``mpirun``):
+
+    >>> import torch, slasolve
+    >>> from mpi4py import MPI
+    >>> from slasolve.fem import Assembler, DirichletBC, boundary_dofs, box_mesh
+    >>> mesh = box_mesh(16)
+    >>> space = Assembler(mesh)
+    >>> kappa = torch.ones(mesh.n_local_cells, dtype=torch.float64, requires_grad=True)
+    >>> bc = DirichletBC(space, boundary_dofs(space), 0.0)
+    >>> A, b = bc.apply(space.stiffness(kappa), space.load(1.0))
+    >>> u = slasolve.solve(A, b, "cg", pc="jacobi", rtol=1e-10)
+    >>> round(mesh.comm.allreduce(u.max().item(), op=MPI.MAX), 3)   # continuous: 0.0737
+    0.073
+    >>> slasolve.global_sum(u.sum()).backward()
+    >>> kappa.grad.shape == (mesh.n_local_cells,)
+    True
     """
 
     @_log.logged("slaAssembly", "slaAsmSetup")

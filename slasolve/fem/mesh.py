@@ -188,6 +188,13 @@ def box_mesh(n: Union[int, Sequence[int]], lower: Optional[Sequence[float]] = No
     every rank, also when they are bad on one rank only; arguments that differ between
     ranks raise ``ValueError`` naming them (one small Allreduce validates them all).
     ``n[-1] < comm.size`` raises ``ValueError``.
+
+    Examples
+    --------
+    >>> from slasolve.fem import box_mesh
+    >>> mesh = box_mesh((2, 4), upper=(1.0, 2.0), cell="quad")   # slabs along y: up to 4 ranks
+    >>> mesh.n_global_nodes, mesh.comm.allreduce(mesh.n_local_cells)
+    (15, 8)
     """
     comm = get_comm(comm)
     size, rank = comm.Get_size(), comm.Get_rank()
