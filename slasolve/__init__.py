@@ -38,12 +38,14 @@ from .krylov import ConvergenceError, SolveInfo, bicgstab, cg, gmres, minres, so
 from .nonlinear import NonlinearConvergenceError, NonlinearInfo, nonlinear_solve  # noqa: E402
 from .placement import DSparseSpec, Replicated, Shard, SparseShard, col_shard, row_shard  # noqa: E402
 from .sparse import SparseTensor  # noqa: E402
+from .plotting import plot_residual_history  # noqa: E402
 
 __version__ = "0.1.0"
 
 _process.install()
 
 __all__ = [
+    "plot_residual_history",
     "SparseTensor", "DSparseTensor", "DSparseSpec", "Replicated", "SparseShard", "Shard", "row_shard",
     "col_shard", "HaloPlan", "from_petsc", "solve", "cg", "gmres", "minres", "bicgstab", "SolveInfo",
     "ConvergenceError", "nonlinear_solve", "NonlinearInfo", "NonlinearConvergenceError", "eigsh", "EigenInfo",

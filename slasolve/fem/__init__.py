@@ -21,14 +21,14 @@
 """
 from .elements import (CELL_TYPES, cell_dim, elasticity_stiffness, element_volume, infer_cell, load,
                        mass, n_vertices, stiffness)
-from .mesh import Mesh, boundary_nodes, box_mesh, read_mesh, write_mesh
+from .mesh import Mesh, boundary_nodes, box_mesh, read_mesh, read_pvtu, write_mesh
 from .assembly import Assembler, FunctionSpace
 from .bc import DirichletBC, apply_dirichlet, boundary_dofs
 from .problems import FemResult, l2_error, manufactured_solve
 
 __all__ = ["CELL_TYPES", "cell_dim", "n_vertices", "infer_cell", "stiffness", "mass", "load",
            "element_volume", "elasticity_stiffness", "Mesh", "box_mesh", "boundary_nodes",
-           "read_mesh", "write_mesh", "Assembler", "FunctionSpace", "DirichletBC", "apply_dirichlet",
+           "read_mesh", "write_mesh", "read_pvtu", "Assembler", "FunctionSpace", "DirichletBC", "apply_dirichlet",
            "boundary_dofs", "l2_error", "manufactured_solve", "FemResult"]
 from .filters import BoxCells, DensityFilter, cell_laplacian  # noqa: E402
 __all__ += ["BoxCells", "DensityFilter", "cell_laplacian"]

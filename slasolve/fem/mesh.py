@@ -28,7 +28,7 @@ from mpi4py import MPI
 from .._comm import check_collective, get_comm
 from .elements import CELL_TYPES, _DIM, _NV
 
-__all__ = ["Mesh", "box_mesh", "boundary_nodes", "read_mesh", "write_mesh"]
+__all__ = ["Mesh", "box_mesh", "boundary_nodes", "read_mesh", "write_mesh", "read_pvtu"]
 
 
 @dataclass
@@ -556,11 +556,13 @@ def _fetch_ghosts(mesh: Mesh, owned_values: np.ndarray) -> np.ndarray:
 
 
 def _pvtu_xml(piece_names, points_dtype, point_data, cell_data) -> str:
+    from xml.sax.saxutils import quoteattr
+
     def arrays(data, tag):
         lines = []
         for name, a in data.items():
             ncomp = 1 if a.ndim == 1 else int(np.prod(a.shape[1:]))
-            lines.append(f'      <PDataArray type="{_VTK_TYPES[a.dtype]}" Name="{name}" '
+            lines.append(f'      <PDataArray type="{_VTK_TYPES[a.dtype]}" Name={quoteattr(name)} '
                          f'NumberOfComponents="{ncomp}"/>')
         return [f"    <{tag}>"] + lines + [f"    </{tag}>"]
 
@@ -572,7 +574,7 @@ def _pvtu_xml(piece_names, points_dtype, point_data, cell_data) -> str:
     out += ["    <PPoints>",
             f'      <PDataArray type="{_VTK_TYPES[np.dtype(points_dtype)]}" NumberOfComponents="3"/>',
             "    </PPoints>"]
-    out += [f'    <Piece Source="{p}"/>' for p in piece_names]
+    out += [f'    <Piece Source={quoteattr(p)}/>' for p in piece_names]
     out += ["  </PUnstructuredGrid>", "</VTKFile>", ""]
     return "\n".join(out)
 
@@ -599,6 +601,11 @@ def write_mesh(path: Union[str, os.PathLike], mesh: Mesh,
     targets and renamed only after every rank has written its part, so a failure
     (disk full, permissions, bad data on one rank) raises on every rank and leaves the
     previous files untouched (no temporaries left behind).
+
+    The index names its pieces relative to its own folder (``u_0000.vtu`` next to
+    ``out/u.pvtu``), so the set can be moved as a whole. ParaView opens the ``.pvtu``
+    as one dataset; :func:`read_pvtu` reassembles it into one ``meshio.Mesh`` (meshio
+    itself reads only the single pieces).
     """
     import meshio
 
@@ -673,6 +680,69 @@ def write_mesh(path: Union[str, os.PathLike], mesh: Mesh,
         last[index] = write_index
     _staged_write(comm, pieces, last)
     return index
+
+
+def read_pvtu(path: Union[str, os.PathLike]):
+    """Local. The dataset of a ``.pvtu`` index written by :func:`write_mesh` as ONE
+    ``meshio.Mesh`` (meshio reads ``.vtu`` pieces but not the ``.pvtu`` index).
+
+    The pieces are read with meshio from the paths in the index (relative to its
+    folder). When every piece carries the point array ``global_id`` (as
+    :func:`write_mesh` writes it), points shared between pieces (ghost copies) are
+    merged: the result has one point per global id, in global id order, cells in
+    piece order -- the same arrays as ``write_mesh(..., gather=True)`` writes to a
+    ``.vtu``. Without ``global_id`` the pieces are concatenated. Reads everything
+    on the calling rank.
+    """
+    import xml.etree.ElementTree as ET
+
+    import meshio
+
+    path = os.fspath(path)
+    root = ET.parse(path).getroot()
+    grid = root.find("PUnstructuredGrid")
+    if root.get("type") != "PUnstructuredGrid" or grid is None:
+        raise ValueError(f"{path!r} is not a .pvtu (PUnstructuredGrid) file")
+    folder = os.path.dirname(os.path.abspath(path))
+    sources = [p.get("Source") for p in grid.findall("Piece")]
+    if not sources or any(not s for s in sources):
+        raise ValueError(f"{path!r}: no pieces (or a Piece without Source)")
+    pieces = [meshio.read(s if os.path.isabs(s) else os.path.join(folder, s), file_format="vtu")
+              for s in sources]
+    cell_types = sorted({c.type for m in pieces for c in m.cells})
+    merge = all("global_id" in m.point_data for m in pieces)
+    if merge:
+        gids = [np.asarray(m.point_data["global_id"], dtype=np.int64).reshape(-1) for m in pieces]
+        n = int(max(int(g.max()) if g.size else -1 for g in gids)) + 1
+        maps = gids
+    else:
+        offs = np.cumsum([0] + [len(m.points) for m in pieces])
+        n = int(offs[-1])
+        maps = [np.arange(offs[i], offs[i + 1]) for i in range(len(pieces))]
+    points = np.zeros((n, pieces[0].points.shape[1]), dtype=pieces[0].points.dtype)
+    seen = np.zeros(n, dtype=bool)
+    for m, g in zip(pieces, maps):
+        points[g] = m.points
+        seen[g] = True
+    if not seen.all():
+        raise ValueError(f"{path!r}: the pieces do not cover global ids 0..{n - 1} "
+                         f"({int((~seen).sum())} missing)")
+    point_data = {}
+    for name in pieces[0].point_data:
+        if all(name in m.point_data for m in pieces):
+            first = np.asarray(pieces[0].point_data[name])
+            out = np.zeros((n,) + first.shape[1:], dtype=first.dtype)
+            for m, g in zip(pieces, maps):
+                out[g] = m.point_data[name]
+            point_data[name] = out
+    cells, cell_data = [], {name: [] for name in pieces[0].cell_data
+                            if all(name in m.cell_data for m in pieces)}
+    for ct in cell_types:
+        blocks = [(m, g, i) for m, g in zip(pieces, maps) for i, c in enumerate(m.cells) if c.type == ct]
+        cells.append((ct, np.concatenate([g[m.cells[i].data] for m, g, i in blocks])))
+        for name in cell_data:
+            cell_data[name].append(np.concatenate([np.asarray(m.cell_data[name][i]) for m, _, i in blocks]))
+    return meshio.Mesh(points, cells, point_data=point_data, cell_data=cell_data)
 
 
 def _staged_write(comm: MPI.Comm, files: Dict[str, Callable[[str], None]],
