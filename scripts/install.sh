@@ -36,7 +36,7 @@ stamp="$venv/.slasolve-installed"
 if [ ! -f "$stamp" ] || [ "$here/pyproject.toml" -nt "$stamp" ]; then
   "$py" -m pip install -q --upgrade pip >/dev/null
   "$py" -m pip install -q -c "$cons" "torch==2.13.0"
-  "$py" -m pip install -q -c "$cons" -e "$here[test,examples,bench]"
+  "$py" -m pip install -q -c "$cons" -e "$here[test,examples,bench,docs]"
   touch "$stamp"
 fi
 "$py" -c "import slasolve, petsc4py, slepc4py, mpi4py, torch; print('slasolve', slasolve.__version__, '| torch', torch.__version__, '| petsc4py', petsc4py.__version__)"

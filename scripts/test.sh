@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: serial, then under mpirun -n 2 and -n 4 (tests marked mpi) and
 # mpirun -n 3 (the property tests, so they run at 1, 2, 3 and 4 ranks), each under a timeout.
+# Then the HTML docs with warnings as errors (SLASOLVE_SKIP_DOCS=1 skips them).
 # Usage: bash scripts/test.sh [--property-full] [extra pytest args]
 #   --property-full (or SLASOLVE_PROPERTY_FULL=1): the full property set, many hypothesis
 #   examples per property with shrinking, instead of the CI slice (docs/testing.md);
@@ -35,5 +36,15 @@ for n in 2 3 4; do
     "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m "$marks" -p no:cacheprovider ${args[@]+"${args[@]}"} || {
       status=1; echo "mpirun -n $n failed; other ranks' logs:"; tail -n 30 .pytest-mpi/*.log 2>/dev/null; }
 done
+if [ "${SLASOLVE_SKIP_DOCS:-0}" = "0" ]; then
+  # the API reference and guides, warnings as errors (docs/conf.py); SLASOLVE_SKIP_DOCS=1 skips
+  echo "== docs (sphinx-build -W, docs/_build/html)"
+  if "$PYTHON" -c "import sphinx, numpydoc, myst_parser" 2>/dev/null; then
+    timeout "$run_timeout" "$PYTHON" -m sphinx -E -W --keep-going -q -b html docs docs/_build/html || {
+      status=1; echo "docs build failed (warnings are errors)"; }
+  else
+    status=1; echo "docs: sphinx, numpydoc or myst-parser missing: pip install -e '.[docs]' (or SLASOLVE_SKIP_DOCS=1)"
+  fi
+fi
 if [ $status -eq 0 ]; then echo "all test runs passed"; else echo "some test runs FAILED"; fi
 exit $status
