@@ -37,7 +37,7 @@ from .torch_newton import inner_rtol_default
 __all__ = ["snes_solve"]
 
 _KSP_TYPES = {"cg": "cg", "gmres": "gmres", "minres": "minres", "bicgstab": "bcgs", "direct": "preonly"}
-_FROM_KSP = {v: k for k, v in _KSP_TYPES.items() if k != "direct"}
+_FROM_KSP = {v: k for k, v in _KSP_TYPES.items()}  # "preonly" -> "direct"
 _REASONS = {}
 for _name in dir(PETSc.SNES.ConvergedReason):
     if _name.isupper() and _name.startswith(("CONVERGED", "DIVERGED")):

@@ -8,7 +8,8 @@ tolerance, default ``1e-10`` in float64 / ``1e-5`` in float32; matrix-free ``1e-
 steps clamped to ``[0.1 lam, 0.5 lam]`` satisfying the sufficient decrease
 ``||F(u_k + lam d)|| <= (1 - alpha lam) ||F_k||`` (``alpha = 1e-4``; PETSc's test on
 ``||F||^2/2`` with the slope ``-||F_k||^2`` of an exact Newton direction); no such
-``lam >= 1e-12`` within 40 trials: ``DIVERGED_LINE_SEARCH``. ``line_search="basic"``
+``lam >= 1e-12`` within 40 trials: ``DIVERGED_LINE_SEARCH``, or ``DIVERGED_LOCAL_MIN`` when
+``||J^T F|| < 1e-4 ||F||`` (PETSc's test: a local minimum of ``||F||`` that is no root). ``line_search="basic"``
 takes full steps. Every decision uses global norms (one Allreduce each), so all
 ranks take the same steps and call ``residual`` / ``jacobian`` equally often.
 
@@ -32,6 +33,7 @@ __all__ = ["newton"]
 ALPHA = 1e-4
 MAX_LS = 40
 MIN_LAMBDA = 1e-12
+LOCAL_MIN = 1e-4  # PETSc's newtonls local-minimum threshold on ||J^T F|| / ||F||
 
 
 def inner_rtol_default(dtype, use_jacobian: bool) -> float:
@@ -50,6 +52,13 @@ def _linear_solve(prob, J, u, r, ls, rtol_default):
     kw.setdefault("rtol", rtol_default)
     if J is not None:
         method = kw.pop("method", "gmres")
+        if method == "direct":  # sparse LU / Cholesky (slasolve.spsolve); tolerances do not apply
+            from ..krylov.info import ConvergenceError, SolveInfo
+            try:
+                return solve(J, -r, "direct", backend="torch", return_info=True, pc=kw.get("pc"))
+            except ConvergenceError:  # a singular factorisation, raised on every rank
+                return None, SolveInfo(converged=False, reason="DIVERGED_PC_FAILED", iterations=0,
+                                       residual_norm=float("nan"), method="direct", backend="torch")
         return solve(J, -r, method, backend="torch", return_info=True, raise_on_fail=False, **kw)
     return _jfnk_solve(prob, u, r, kw)
 
@@ -125,6 +134,10 @@ def newton(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, u
                 break
         if not ok:
             reason = "DIVERGED_LINE_SEARCH"
+            if J is not None:  # PETSc's test: ||J^T F|| small relative to ||F|| means a local minimum of ||F||
+                with torch.no_grad():
+                    if global_norm(comm, J.rmatvec(r)) < LOCAL_MIN * fn:
+                        reason = "DIVERGED_LOCAL_MIN"
             break
         it += 1
         step = lam * global_norm(comm, d)
