@@ -225,6 +225,12 @@ def test_backward_reuses_factors(comm):
             c1 = counts()
             assert c1["MatLUFactorNum"] == c0["MatLUFactorNum"]
             assert c1["MatSolveTranspos"] - c0["MatSolveTranspos"] == 1
+        # values changed in place between forward and backward: torch's error, no silent gradient
+        x = F(b)
+        with torch.no_grad():
+            v.mul_(2.0)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            slasolve.global_sum((x * x).sum()).backward()
         # create_graph=True raises instead of returning incomplete second derivatives
         x = F(b.clone().requires_grad_())
         with pytest.raises(RuntimeError, match="differentiable once"):
@@ -271,6 +277,23 @@ def test_singular_laplacian_raises(comm):
     for backend in _backends(comm):
         with pytest.raises(FactorizationError):
             spsolve(dA, b, backend=backend)
+
+
+def test_mumps_errors_translated_and_options_scoped(comm):
+    from petsc4py import PETSc
+    A = slasolve.testing.poisson_matrix((10, 10, 10))
+    dA = distribute(A, comm, "contiguous")
+    bg = _rhs(A.shape[0])
+    b = dA.scatter(bg, root=None)
+    if comm.size == 1:  # parallel MUMPS grows its workspace for this size: no error to provoke
+        with pytest.raises(FactorizationError, match="workspace too small") as e:
+            spsolve(dA, b, petsc_options={"mat_mumps_icntl_14": -90})  # ICNTL(14): workspace margin, %
+        assert e.value.code in (-8, -9)
+    else:
+        spsolve(dA, b, petsc_options={"mat_mumps_icntl_14": -90})
+    assert not PETSc.Options("direct_").hasName("mat_mumps_icntl_14")  # gone after the call
+    x = spsolve(dA, b, petsc_options={"mat_mumps_icntl_14": 50})
+    assert _rel(_gather(dA, x), spla.spsolve(sp.csc_matrix(A), bg.numpy())) < 1e-12
 
 
 def test_nonfinite_input_raises_on_every_rank(comm):

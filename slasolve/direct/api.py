@@ -178,7 +178,9 @@ class _DirectSolve(torch.autograd.Function):
     def forward(ctx, values, b, fac, dA, transpose):
         x = _checked_solve(fac, dA, b, transpose)
         ctx.fac, ctx.dA, ctx.transpose = fac, dA, transpose
-        ctx.save_for_backward(x)
+        # values saved too: changing them in place before backward is torch's error, not
+        # a gradient silently taken at other values
+        ctx.save_for_backward(x, values)
         return x
 
     @staticmethod
@@ -186,7 +188,7 @@ class _DirectSolve(torch.autograd.Function):
         if torch.is_grad_enabled():
             raise RuntimeError("slasolve.spsolve is differentiable once: second derivatives through a "
                                "direct solve are not implemented (backward with create_graph=True)")
-        (x,) = ctx.saved_tensors
+        x, _ = ctx.saved_tensors
         # ONE solve with the transposed operator and the same factors (refactorised only
         # if A's values were changed in place since the forward)
         lam = _checked_solve(ctx.fac, ctx.dA, g.contiguous(), not ctx.transpose)

@@ -28,6 +28,7 @@ MUMPS_ERRORS = {
     -15: "integer workspace too small for iterative refinement",
     -16: "N is out of range",
     -17: "internal send buffer too small (raise ICNTL(14))",
+    -19: "the working memory allowed by ICNTL(23) is too small (INFOG(2): needed)",
     -20: "internal reception buffer too small (raise ICNTL(14))",
     -40: "the matrix was indicated positive definite but a negative or null pivot was met",
 }
