@@ -19,9 +19,11 @@ class Placement:
     """Local. Base class of placements."""
 
     def is_row_shard(self, nbatch: int) -> bool:
+        """Local. Whether this placement splits the rows of a tensor with ``nbatch`` batch dims."""
         return False
 
     def is_col_shard(self, nbatch: int) -> bool:
+        """Local. Whether this placement splits the columns of a tensor with ``nbatch`` batch dims."""
         return False
 
 
@@ -36,9 +38,11 @@ class SparseShard(Placement):
     axis: int
 
     def is_row_shard(self, nbatch: int) -> bool:
+        """Local. Whether ``axis`` is the row axis of a tensor with ``nbatch`` batch dims."""
         return self.axis == nbatch
 
     def is_col_shard(self, nbatch: int) -> bool:
+        """Local. Whether ``axis`` is the column axis of a tensor with ``nbatch`` batch dims."""
         return self.axis == nbatch + 1
 
 

@@ -534,15 +534,19 @@ class SparseTensor:
         return SparseTensor._make(self._pattern.to(v.device), v, self._shape, self._nblock)
 
     def double(self) -> "SparseTensor":
+        """Local. The same tensor with float64 values (``self.to(torch.float64)``)."""
         return self.to(torch.float64)
 
     def float(self) -> "SparseTensor":
+        """Local. The same tensor with float32 values (``self.to(torch.float32)``)."""
         return self.to(torch.float32)
 
     def detach(self) -> "SparseTensor":
+        """Local. The same pattern with values detached from the autograd graph."""
         return SparseTensor._make(self._pattern, self._values.detach(), self._shape, self._nblock)
 
     def requires_grad_(self, flag: bool = True) -> "SparseTensor":
+        """Local. Set ``values.requires_grad`` in place; returns ``self``."""
         self._values.requires_grad_(flag)
         return self
 

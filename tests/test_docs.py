@@ -121,6 +121,43 @@ def test_collective_examples_under_mpi(comm):
     assert not bad, f"doctests failed at {comm.size} ranks (rank, failures): {bad}"
 
 
+# ------------------------------------------------- Collective. / Local. (house rule)
+PUBLIC_MODULES = ["slasolve", "slasolve.fem", "slasolve.partition", "slasolve.petsc", "slasolve.testing",
+                  "slasolve.autograd", "slasolve.halo", "slasolve.direct", "slasolve.nonlinear", "slasolve.linalg",
+                  "slasolve.plotting", "slasolve.config"]
+
+
+def _public_callables():
+    import inspect
+    seen = {}
+    for m in PUBLIC_MODULES:
+        try:
+            mod = importlib.import_module(m)
+        except ImportError:
+            continue
+        for name in getattr(mod, "__all__", []):
+            obj = getattr(mod, name, None)
+            if not getattr(obj, "__module__", "").startswith("slasolve"):
+                continue
+            if inspect.isfunction(obj):
+                seen.setdefault(id(obj), (f"{m}.{name}", obj))
+            elif inspect.isclass(obj) and not issubclass(obj, BaseException):
+                for attr, val in vars(obj).items():
+                    f = val.__func__ if isinstance(val, (classmethod, staticmethod)) else val
+                    if not attr.startswith("_") and inspect.isfunction(f):
+                        seen.setdefault(id(f), (f"{m}.{name}.{attr}", f))
+    return sorted(seen.values(), key=lambda t: t[0])
+
+
+def test_public_docstrings_say_collective_or_local():
+    """Every public function and method says in its first line whether it is collective."""
+    import inspect
+    items = _public_callables()
+    assert len(items) > 100
+    bad = [n for n, f in items if not (inspect.getdoc(f) or "").lstrip().startswith(("Collective", "Local"))]
+    assert not bad, f"docstrings that do not start with 'Collective.' or 'Local.': {bad}"
+
+
 # --------------------------------------------------------------------------- links
 def _markdown_files():
     return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))

@@ -360,9 +360,11 @@ class HaloPlan:
         return out
 
     def forward_raw(self, x_owned: torch.Tensor) -> torch.Tensor:
+        """Collective. :meth:`forward` without autograd (start and finish in one call)."""
         return self.finish(self.start_forward(x_owned))
 
     def reverse_raw(self, g_ghost: torch.Tensor) -> torch.Tensor:
+        """Collective. :meth:`reverse` without autograd (start and finish in one call)."""
         return self.finish(self.start_reverse(g_ghost))
 
     # -- differentiable exchanges -------------------------------------------

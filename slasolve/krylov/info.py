@@ -80,7 +80,7 @@ class SolveInfo:
             raise ValueError(f"SolveInfo: unknown reason {self.reason!r}")
 
     def summary(self) -> str:
-        """One line: method, backend, reason, iterations, residual."""
+        """Local. One line: method, backend, reason, iterations, residual."""
         where = f"{self.method}" + (f" ({self.backend})" if self.backend else "")
         return (f"{where or 'solve'}: {self.reason} after {self.iterations} "
                 f"iterations, residual norm {self.residual_norm:.3e} "

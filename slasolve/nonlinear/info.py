@@ -69,7 +69,7 @@ class NonlinearInfo:
             raise ValueError(f"NonlinearInfo: unknown reason {self.reason!r}")
 
     def summary(self) -> str:
-        """One line: method, backend, reason, iterations, residual."""
+        """Local. One line: method, backend, reason, iterations, residual."""
         return (f"{self.method} ({self.backend}, line search {self.line_search}): {self.reason} after "
                 f"{self.iterations} Newton iterations ({self.linear_iterations} linear), residual norm "
                 f"{self.residual_norm:.3e} (initial {self.residual_history[0] if self.residual_history else float('nan'):.3e}, "
