@@ -226,6 +226,53 @@ def test_gradcheck(comm, backend):
                                     atol=1e-5, rtol=1e-3)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gradient_wrt_matrix_param(comm, backend):
+    # F(u) = A u + u^3 - b with A a DSparseTensor param: d<w, u>/dA_ij = -lam_i u_j, J^T lam = w
+    P = FD1D(16, comm)
+    A0 = P._tri(*(torch.full_like(P.x, v / P.h ** 2) for v in (-1.0, 2.0, -1.0)))
+    vals = A0.values.clone().requires_grad_(True)
+    b = 20 * torch.cos(3 * P.x)
+    w = torch.sin(5 * P.x)
+
+    def res(u, A, b):
+        return A @ u + u ** 3 - b
+
+    rows = torch.repeat_interleave(torch.arange(P.hi - P.lo), torch.diff(A0.local.indptr))
+    diag_mask = (A0.local.indices == rows + P.lo).to(F64)
+
+    def jac(u, A, b):
+        return A.with_values(A.values + diag_mask * 3 * u[rows] ** 2)
+
+    def loss(v):
+        A = A0.with_values(v)
+        u = nonlinear_solve(res, torch.zeros_like(P.x), A, b, jacobian=jac, backend=backend, rtol=1e-13,
+                            linear_solver={"pc": "ilu"})
+        return slasolve.global_sum((w * u).sum(), comm), u
+    L, u = loss(vals)
+    (g,) = torch.autograd.grad(L, vals)
+    # closed form with an independent transpose solve (SciPy, gathered)
+    import scipy.sparse as sps
+    n = P.n
+    ug = P.gather(u.detach()).numpy()
+    main = 2.0 / P.h ** 2 + 3 * ug ** 2
+    Jg = sps.diags([np.full(n - 1, -1 / P.h ** 2), main, np.full(n - 1, -1 / P.h ** 2)], [-1, 0, 1]).tocsc()
+    lam = sps.linalg.spsolve(Jg.T.tocsc(), P.gather(w).numpy())
+    cols = A0.local.indices.numpy()
+    expect = -lam[rows.numpy() + P.lo] * ug[cols]
+    np.testing.assert_allclose(g.numpy(), expect, rtol=1e-7, atol=1e-12)
+    # and a finite difference on one stored value on the last rank
+    e = torch.zeros_like(vals)
+    if comm.Get_rank() == comm.Get_size() - 1:
+        e[0] = 1e-3
+    with torch.no_grad():
+        d = (loss(vals + e)[0] - loss(vals - e)[0]) / 2e-3
+    gsum = slasolve.global_sum((g * e).sum() / 1e-3, comm)
+    assert abs(float(d) - float(gsum)) < 1e-6 * max(1.0, abs(float(d)))
+    with pytest.raises(TypeError, match="separate params"):
+        nonlinear_solve(res, torch.zeros_like(P.x), A0, [b.clone().requires_grad_(True)], jacobian=jac)
+
+
 def test_create_graph_raises(comm):
     P = FD1D(8, comm)
     f, c, a = _data(P)
@@ -401,13 +448,48 @@ def test_direct_inner_solves(comm, backend):
                     jacobian=D.jacobian, backend=backend, linear_solver={"method": "direct"})
 
 
-def test_float32_and_callback(comm):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float32_callback_and_step_test(comm, backend):
     P = FD1D(20, comm, dtype=torch.float32)
     f = (50 * torch.sin(np.pi * P.x) + 20).float()
     seen = []
     u, info = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, 5.0, 2.0, jacobian=P.jacobian,
-                              backend="torch", rtol=1e-4, return_info=True,
+                              backend=backend, rtol=1e-4, return_info=True,
                               callback=lambda it, rn: seen.append((it, rn)))
     assert u.dtype == torch.float32 and info.converged
     assert [s[0] for s in seen] == list(range(1, info.iterations + 1))
-    assert [s[1] for s in seen] == info.residual_history[1:]
+    np.testing.assert_allclose([s[1] for s in seen], info.residual_history[1:], rtol=1e-12)
+    P64 = FD1D(20, comm)
+    ref = nonlinear_solve(P64.residual, torch.zeros_like(P64.x), f.double(), 5.0, 2.0, jacobian=P64.jacobian,
+                          backend=backend, rtol=1e-10)
+    assert float((u.double() - ref).abs().max()) < 1e-4
+    # the step test (stol) stops before the residual test, with PETSc's reason name
+    _, si = nonlinear_solve(P64.residual, torch.zeros_like(P64.x), f.double(), 5.0, 2.0, jacobian=P64.jacobian,
+                            backend=backend, rtol=1e-14, stol=1e-3, return_info=True)
+    assert si.converged and si.reason == "CONVERGED_SNORM_RELATIVE" and si.residual_norm > 1e-14 * \
+        si.residual_history[0]
+
+
+def test_without_petsc4py(comm):
+    # the torch backend is the default without petsc4py (one rank, a subprocess)
+    if comm.Get_size() > 1:
+        return
+    import os
+    import subprocess
+    import sys
+    script = (
+        "import sys; sys.modules['petsc4py'] = None; sys.modules['slepc4py'] = None\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "import torch, slasolve\n"
+        "from mpi4py import MPI\n"
+        "from test_nonlinear import FD1D, _data\n"
+        "assert 'petsc4py.PETSc' not in sys.modules\n"
+        "P = FD1D(30, MPI.COMM_WORLD); f, c, a = _data(P); c.requires_grad_(True)\n"
+        "u, info = slasolve.nonlinear_solve(P.residual, torch.zeros_like(P.x), f, c, a, jacobian=P.jacobian,"
+        " return_info=True)\n"
+        "assert info.backend == 'torch' and info.converged, info\n"
+        "u.sum().backward(); assert c.grad is not None\n"
+        "print('OK', info.iterations)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "OK 9" in out.stdout

@@ -26,6 +26,11 @@ _LINEAR_KEYS = ("method", "pc", "rtol", "atol", "maxiter", "restart")
 _LINEAR_METHODS = ("cg", "gmres", "minres", "bicgstab", "direct")
 
 
+def _is_dsparse(p) -> bool:
+    from ..dsparse import DSparseTensor
+    return isinstance(p, DSparseTensor)
+
+
 def _is_real(v) -> bool:
     return isinstance(v, Real) and not isinstance(v, bool)
 
@@ -83,8 +88,33 @@ def _check(residual, u0, jacobian, method, backend, rtol, atol, stol, maxiter, l
     return None
 
 
+def _grad_leaves(params):
+    """Local. ``params`` with every DSparseTensor replaced by its values tensor (what autograd
+    sees as the input), and a function putting such tensors back into DSparseTensors."""
+    from ..dsparse import DSparseTensor
+    flat = tuple(p.values if isinstance(p, DSparseTensor) else p for p in params)
+
+    def rebuild(tensors):
+        return tuple(p.with_values(t) if isinstance(p, DSparseTensor) else t
+                     for p, t in zip(params, tensors))
+    return flat, rebuild
+
+
+def _nested_grad_error(params):
+    """Local. A TypeError when a tensor that requires grad hides inside a list/tuple/dict param
+    (it would silently get no gradient), else None."""
+    for i, p in enumerate(params):
+        items = p.values() if isinstance(p, dict) else (p if isinstance(p, (list, tuple)) else ())
+        if any(isinstance(q, torch.Tensor) and q.requires_grad for q in items):
+            return TypeError(f"params[{i}] is a {type(p).__name__} holding tensors that require grad; "
+                             "pass such tensors as separate params (only direct tensor / DSparseTensor "
+                             "params get gradients)")
+    return None
+
+
 class _ImplicitFunction(torch.autograd.Function):
-    """``u*(params)`` defined by ``F(u*, params) = 0``; backward by the implicit function theorem."""
+    """``u*(params)`` defined by ``F(u*, params) = 0``; backward by the implicit function theorem.
+    ``params`` arrive flattened (DSparseTensors as their values tensors)."""
 
     @staticmethod
     def forward(ctx, u_star, ctl, *params):
@@ -107,9 +137,10 @@ class _ImplicitFunction(torch.autograd.Function):
             ps = list(ctx.params)
             for i in want:
                 ps[i] = ctx.params[i].detach().requires_grad_(True)
-            r = ctl["residual"](u.detach(), *ps)
+            leaves = [ps[i] for i in want]
             # every rank evaluates and differentiates the residual (it may exchange ghosts)
-            grads = torch.autograd.grad(r, [ps[i] for i in want], lam, allow_unused=True) if want else ()
+            r = ctl["residual"](u.detach(), *ctl["rebuild"](ps))
+            grads = torch.autograd.grad(r, leaves, lam, allow_unused=True) if want else ()
         out = [None] * len(ctx.params)
         for i, gi in zip(want, grads):
             out[i] = None if gi is None else -gi
@@ -120,7 +151,7 @@ def _adjoint_solve(ctl, u, g):
     """Collective. ``lam`` with ``J(u)^T lam = g``."""
     ls = dict(ctl["linear_solver"])
     ls.setdefault("rtol", 1e-10 if u.dtype == torch.float64 else 1e-5)
-    params = tuple(p.detach() if isinstance(p, torch.Tensor) else p for p in ctl["params"])
+    params = tuple(p.detach() if isinstance(p, torch.Tensor) or _is_dsparse(p) else p for p in ctl["params"])
     if ctl["jacobian"] is not None:
         from ..krylov.solve import solve
         with torch.no_grad():
@@ -176,10 +207,12 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     u0 : torch.Tensor
         Initial guess, owned rows, float64 or float32. Gets no gradient.
     *params
-        Passed to ``residual`` / ``jacobian``. Tensors that require grad get gradients
-        (this rank's share: a tensor used identically on every rank, e.g. a replicated
-        scalar, gets the contribution of this rank's residual rows; sum over ranks, as
-        :func:`slasolve.testing.local_slice` does).
+        Passed to ``residual`` / ``jacobian``. Tensors and DSparseTensors (their values)
+        that require grad get gradients; tensors captured by the functions' closures or
+        nested in lists/dicts do not (a list/tuple/dict param holding a tensor that requires
+        grad raises TypeError). Gradients are this rank's share: a tensor used identically
+        on every rank, e.g. a replicated scalar, gets the contribution of this rank's
+        residual rows; sum over ranks, as :func:`slasolve.testing.local_slice` does.
     jacobian : callable ``(u, *params) -> DSparseTensor``, optional
         ``dF/du`` as a square row-shard DSparseTensor whose owned rows and columns match
         ``u``, the same sparsity pattern at every call. ``None``: Jacobian-free
@@ -245,7 +278,7 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
         from mpi4py import MPI
         comm, err = MPI.COMM_WORLD, e
     err = err or _check(residual, u0, jacobian, method, backend, rtol, atol, stol, maxiter, linear_solver,
-                        line_search, petsc_options, options_prefix, callback)
+                        line_search, petsc_options, options_prefix, callback) or _nested_grad_error(params)
     agree = {"method": method, "backend": backend, "line_search": line_search,
              "rtol": repr(rtol), "atol": repr(atol), "stol": repr(stol), "maxiter": repr(maxiter),
              "jacobian given": jacobian is not None, "return_info": bool(return_info),
@@ -260,7 +293,7 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     check_collective(comm, err, agree=agree)
     rtol, atol = float(rtol), float(atol)
     stol = None if stol is None else float(stol)
-    dparams = tuple(p.detach() if isinstance(p, torch.Tensor) else p for p in params)
+    dparams = tuple(p.detach() if isinstance(p, torch.Tensor) or _is_dsparse(p) else p for p in params)
     prob = Problem(residual, jacobian, dparams, comm, int(u0.shape[0]), u0.dtype)
     r0 = prob.residual(u0.detach())  # checked collectively (shape, dtype)
     kw = dict(rtol=rtol, atol=atol, stol=stol, maxiter=int(maxiter), line_search=line_search,
@@ -277,8 +310,9 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
         info.solve_time = time.perf_counter() - t0
     if raise_on_fail and not info.converged:
         raise NonlinearConvergenceError(info)
-    if any(isinstance(p, torch.Tensor) and p.requires_grad for p in params) and torch.is_grad_enabled():
+    flat, rebuild = _grad_leaves(params)
+    if any(isinstance(p, torch.Tensor) and p.requires_grad for p in flat) and torch.is_grad_enabled():
         ctl = {"residual": residual, "jacobian": jacobian, "params": params, "linear_solver": linear_solver,
-               "backend": backend, "comm": comm}
-        u = _ImplicitFunction.apply(u.detach(), ctl, *params)
+               "backend": backend, "comm": comm, "rebuild": rebuild}
+        u = _ImplicitFunction.apply(u.detach(), ctl, *flat)
     return (u, info) if return_info else u

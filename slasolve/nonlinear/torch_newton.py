@@ -148,7 +148,8 @@ def newton(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, u
                   flush=True)
         if callback is not None:
             callback(it, fn)
-        if stol and math.isfinite(fn) and step <= stol * global_norm(comm, u):
+        # PETSc's order: the residual tests first (next loop pass), then the step test
+        if stol and math.isfinite(fn) and fn > target and step <= stol * global_norm(comm, u):
             reason = "CONVERGED_SNORM_RELATIVE"
             break
     info = NonlinearInfo(converged=reason.startswith("CONVERGED"), reason=reason, iterations=it,
