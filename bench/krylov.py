@@ -20,6 +20,11 @@ Sections (contenders alternate inside each section, same run):
    plus the value and right-hand-side gradients). Target: backward <= 1.2x forward.
 5. With 2+ ranks: the same solves by rank 0 alone (``COMM_SELF``, other ranks
    asleep) as a contender in the same run, giving the speedup. Target >= 1.7x.
+6. ``multirhs`` -- ``k`` right-hand sides (default 16) on 2-D Poisson ``--multirhs-nx``
+   (default 500, n = 250k): ``solve(A, B)`` with ``B`` of shape ``(n, k)`` (one call)
+   vs ``k`` single slasolve solves vs raw PETSc ``KSPMatSolve`` (dense B, X; called
+   through ctypes: petsc4py 3.18 does not wrap it), for CG+GAMG and GMRES+ILU
+   (block Jacobi/ILU with 2+ ranks). Ratios: one call / k calls, one call / raw.
 """
 from __future__ import annotations
 
@@ -253,12 +258,101 @@ def section_adjoint(P: Problem, backend: str, pc: str, trials: int) -> dict:
             "backward_s": stats(bw), "backward_over_forward": bw_ratio}
 
 
+class RawMatSolve:
+    """Raw PETSc: one KSP, ``KSPMatSolve(ksp, B, X)`` on dense Mats (PETSc 3.18 solves the
+    columns one after the other in C for every KSP type but HPDDM), with the options
+    slasolve's petsc backend sets (unpreconditioned norm, right preconditioning for GMRES)."""
+
+    def __init__(self, A, comm, method: str, pc: str, rtol: float, B: torch.Tensor):
+        import ctypes
+        from petsc4py import PETSc
+        self.A, self.comm = A, comm
+        n_loc, k = B.shape
+        N = A.getSize()[0]
+        self.Barr = np.asfortranarray(B.numpy())
+        self.Xarr = np.zeros_like(self.Barr, order="F")
+        self.B = PETSc.Mat().createDense(((n_loc, N), (PETSc.DECIDE, k)), array=self.Barr.reshape(-1, order="F"),
+                                         comm=comm)
+        self.X = PETSc.Mat().createDense(((n_loc, N), (PETSc.DECIDE, k)), array=self.Xarr.reshape(-1, order="F"),
+                                         comm=comm)
+        ksp = PETSc.KSP().create(comm=comm)
+        ksp.setOperators(A)
+        ksp.setType(method)
+        pcname = "bjacobi" if pc == "ilu" and comm.Get_size() > 1 else pc
+        ksp.getPC().setType(pcname)
+        if method == "gmres":
+            ksp.setPCSide(PETSc.PC.Side.RIGHT)
+        ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)
+        ksp.setTolerances(rtol=rtol, atol=0.0)
+        ksp.setFromOptions()
+        ksp.setUp()
+        self.ksp = ksp
+        # the same library petsc4py is linked against (already loaded: dlopen returns it)
+        lib = ctypes.CDLL(PETSc.__file__)
+        try:
+            self._matsolve = lib.KSPMatSolve
+        except AttributeError:
+            import ctypes.util
+            self._matsolve = ctypes.CDLL("libpetsc_real.so.3.18").KSPMatSolve
+        self._matsolve.argtypes = [ctypes.c_void_p] * 3
+        self._matsolve.restype = ctypes.c_int
+
+    def solve(self):
+        self.Xarr[...] = 0.0
+        ierr = self._matsolve(self.ksp.handle, self.B.handle, self.X.handle)
+        if ierr:
+            raise RuntimeError(f"KSPMatSolve failed with PETSc error code {ierr}")
+        return self.Xarr
+
+
+def section_multirhs(nx: int, k: int, rtol: float, trials: int) -> list:
+    """k right-hand sides: one slasolve call vs k slasolve calls vs raw KSPMatSolve."""
+    solve = _solve_fn()
+    dA, _ = build_dpoisson2d(nx, COMM)
+    r0, r1 = dA.row_range
+    B = torch.stack([rhs_local(r1 - r0, r0, seed=j) for j in range(k)], 1).contiguous()
+    A = dA.to_petsc()
+    rows = []
+    for method, pc in (("cg", "gamg"), ("gmres", "ilu")):
+        raw = RawMatSolve(A, COMM, method, pc, rtol, B)
+        cols = [B[:, j].contiguous() for j in range(k)]
+        its = {}
+
+        def one_call():
+            X, info = solve(dA, B, method, pc=pc, rtol=rtol, return_info=True)
+            its["one_call"] = sum(i.iterations for i in info.per_rhs)
+            return X
+
+        def k_calls():
+            n_it = 0
+            for c in cols:
+                _, info = solve(dA, c, method, pc=pc, rtol=rtol, return_info=True)
+                n_it += info.iterations
+            its["k_calls"] = n_it
+
+        res = compare({"slasolve_one_call": one_call, "slasolve_k_calls": k_calls, "raw_matsolve": raw.solve},
+                      trials=trials)
+        X = one_call()
+        Xr = torch.from_numpy(np.ascontiguousarray(raw.solve()))
+        diff = COMM.allreduce(float(((X - Xr) ** 2).sum())) ** 0.5 / COMM.allreduce(float((Xr ** 2).sum())) ** 0.5
+        rows.append({"method": method, "pc": pc, "k": k, "n": nx * nx, "ranks": SIZE, "rtol": rtol, "times": res,
+                     "iterations": dict(its), "rel_diff_vs_raw": diff,
+                     "ratio_one_over_k_calls": ratio(res, "slasolve_one_call", "slasolve_k_calls"),
+                     "ratio_one_over_raw": ratio(res, "slasolve_one_call", "raw_matsolve"),
+                     "ratio_k_calls_over_raw": ratio(res, "slasolve_k_calls", "raw_matsolve")})
+        raw.ksp.destroy()
+    return rows
+
+
 def main():
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--nx", type=int, default=None, help="grid size of the main problem (n = nx^2)")
     p.add_argument("--sweep", type=int, nargs="*", default=None, help="grid sizes of the sweep")
     p.add_argument("--iters", type=int, default=None, help="fixed iterations for the per-iteration section")
     p.add_argument("--rtol", type=float, default=1e-6)
+    p.add_argument("--multirhs-nx", type=int, default=None, help="grid size of the multi-RHS section (n = nx^2)")
+    p.add_argument("--k", type=int, default=16, help="right-hand sides in the multi-RHS section")
+    p.add_argument("--only", choices=["multirhs"], default=None, help="run only this section")
     a = p.parse_args()
     nx = a.nx or (200 if a.quick else 1000)
     sweep = a.sweep if a.sweep is not None else ([50, 100] if a.quick else [100, 200, 400])
@@ -269,6 +363,11 @@ def main():
            "options": "CG; unpreconditioned residual norm; atol=0; 1 thread per rank; "
                       "raw KSP: setType cg, PC type, NormType.UNPRECONDITIONED, setTolerances(rtol, atol=0)"}
     rprint(f"# krylov: 2-D Poisson n={nx * nx}, {SIZE} rank(s), rtol={a.rtol}, {trials} alternating trials")
+    mnx = a.multirhs_nx or (150 if a.quick else 500)
+    if a.only == "multirhs":
+        out["multirhs"] = _print_multirhs(section_multirhs(mnx, a.k, a.rtol, trials))
+        write_json(a.json, out)
+        return
     P = Problem(nx, COMM, a.rtol, need_scipy=(SIZE == 1))
     P1 = None
     if SIZE > 1:
@@ -313,7 +412,22 @@ def main():
     for r in sw:
         rprint(f"        n={r['n']:>8} " + "  ".join(f"{k} {fmt_t(v['median'])} ({r['iterations'][k]} it)"
                                                      for k, v in r["times"].items()))
+    out["multirhs"] = _print_multirhs(section_multirhs(mnx, a.k, a.rtol, trials))
     write_json(a.json, out)
+
+
+def _print_multirhs(rows):
+    for r in rows:
+        t = r["times"]
+        rprint(f"[multirhs] {r['method']}+{r['pc']} n={r['n']} k={r['k']}: one call "
+               f"{fmt_t(t['slasolve_one_call']['median'])}, {r['k']} calls {fmt_t(t['slasolve_k_calls']['median'])}, "
+               f"raw KSPMatSolve {fmt_t(t['raw_matsolve']['median'])}; one/k-calls "
+               f"{r['ratio_one_over_k_calls']['median']:.3f} ({r['ratio_one_over_k_calls']['min']:.3f}-"
+               f"{r['ratio_one_over_k_calls']['max']:.3f}), one/raw {r['ratio_one_over_raw']['median']:.3f} "
+               f"({r['ratio_one_over_raw']['min']:.3f}-{r['ratio_one_over_raw']['max']:.3f}), "
+               f"k-calls/raw {r['ratio_k_calls_over_raw']['median']:.3f}; its {r['iterations']}, "
+               f"|X - X_raw|/|X_raw| {r['rel_diff_vs_raw']:.1e}")
+    return rows
 
 
 if __name__ == "__main__":

@@ -44,11 +44,12 @@ import math
 import time
 from typing import Optional
 
+import numpy as np
 import torch
 
 from .. import _log
 from .._comm import check_collective
-from ..petsc import PETSc, option_entries, temporary_options
+from ..petsc import PETSc, _changed_anywhere, option_entries, temporary_options
 from .info import REASONS, SolveInfo
 from .torch_methods import default_maxiter
 
@@ -65,6 +66,8 @@ _DEFAULT_ENTRIES = {"pc_gamg_reuse_interpolation": "false"}
 # set-up) or divides by a zero diagonal entry
 _ROUNDING_FLOOR = 1e3 * 2.220446049250313e-16  # x eps (||b|| + ||A x||)
 _NEEDS_DIAGONAL = ("gamg", "ilu", "icc", "bjacobi", "asm", "sor")
+# preconditioners that read the operator's near-nullspace (hypre's BoomerAMG does not)
+_USES_NEAR_NULLSPACE = ("gamg", "ml")
 # options that override the keyword arguments: name -> (getter, key)
 _OVERRIDES = {"ksp_rtol": ("getReal", "rtol"), "ksp_atol": ("getReal", "atol"),
               "ksp_divtol": ("getReal", "divtol"), "ksp_max_it": ("getInt", "max_it")}
@@ -171,8 +174,13 @@ class PetscKrylov:
         # block tensors go to KSP as AIJ with the block size set: every PC accepts
         # that (GAMG and hypre do not take BAIJ in PETSc 3.18)
         mat = dA.to_petsc(mat_type="aij")
+        # the Mat is shared by every solver on this layout: a near-nullspace another call left
+        # on it must not reach this KSP's first set-up (each call sets or clears it)
+        mat.setNearNullSpace(PETSc.NullSpace())
         ksp = PETSc.KSP().create(comm=self.comm)
         self.ksp, self._ksp_T, self._matT = ksp, None, None
+        self._nns = {}  # "main"/"T" -> (near-nullspace snapshot, PETSc.NullSpace) its PC was built with
+        self._explicit_T = False  # KSPSolveTranspose failed once: transposes use _ksp_T
         self._monitor = _Monitor()
         self._pyctx = None
         try:
@@ -231,7 +239,7 @@ class PetscKrylov:
 
     def _run(self, ksp, dA, b: torch.Tensor, x0: Optional[torch.Tensor], transpose: bool, *, rtol, atol,
              maxiter, callback, record_history, reuse_pc: bool = False,
-             reset_operators: bool = True) -> tuple:
+             reset_operators: bool = True, near_nullspace: Optional[torch.Tensor] = None) -> tuple:
         if reset_operators:
             ksp.setOperators(dA.to_petsc(mat_type="aij"))  # refilled in place when the values changed
         bb = b.detach().to(device="cpu", dtype=torch.float64).contiguous()
@@ -261,8 +269,10 @@ class PetscKrylov:
         t0 = time.perf_counter()
         try:
             with _log.phase("setup", _log.event("slaPCSetUp")):
+                self._apply_near_nullspace(ksp, near_nullspace)
                 self._set_up(ksp, dA)
         except ValueError:
+            _clear_near_nullspace(ksp)
             B.destroy(), X.destroy()
             raise
         t1 = time.perf_counter()
@@ -287,6 +297,7 @@ class PetscKrylov:
             history = mon.history
         finally:
             mon.history = mon.callback = None
+            _clear_near_nullspace(ksp)
             B.destroy(), X.destroy()
         if absolute and reason == "CONVERGED_ATOL" and not (atol > 0 and rnorm <= atol):
             reason = "CONVERGED_RTOL"
@@ -345,20 +356,14 @@ class PetscKrylov:
         """
         return self._run(self.ksp, dA, b, x0, False, **kw)
 
-    def solve_transpose(self, dA, b, **kw):
-        """Collective. Solve ``A^T x = b`` reusing the operator and preconditioner.
-
-        CG and MINRES use the same KSP (``A`` is symmetric). GMRES/BiCGStab use
-        ``KSPSolveTranspose``; preconditioners without a transpose apply (hypre)
-        get a second KSP on the explicit transpose, rebuilt when the values change.
-        """
+    def _transpose_target(self, dA):
+        """Collective. ``(ksp, transpose, reset_operators)`` for a solve with ``A^T``: the
+        same KSP (CG/MINRES: ``A`` is symmetric; others: ``KSPSolveTranspose``) or the
+        second KSP on the explicit transpose (refreshed when the values changed)."""
         if self.method in _SYMMETRIC:
-            return self._run(self.ksp, dA, b, None, False, **kw)
-        if self._ksp_T is None and self.pc_type not in ("hypre", "python"):
-            try:
-                return self._run(self.ksp, dA, b, None, True, **kw)
-            except PETSc.Error:
-                pass
+            return self.ksp, False, True
+        if not self._explicit_T and self.pc_type not in ("hypre", "python"):
+            return self.ksp, True, True
         if self._ksp_T is None:
             kspT = PETSc.KSP().create(comm=self.comm)
             kspT.setType(self.ksp.getType())
@@ -382,7 +387,198 @@ class PetscKrylov:
             self._matT = mat.transpose(PETSc.Mat())  # petsc4py: transpose() without out is IN PLACE
             self._ksp_T.setOperators(self._matT)
             self._ksp_T_state = state
-        return self._run(self._ksp_T, dA, b, None, False, reset_operators=False, **kw)
+        return self._ksp_T, False, False
+
+    def solve_transpose(self, dA, b, **kw):
+        """Collective. Solve ``A^T x = b`` reusing the operator and preconditioner.
+
+        CG and MINRES use the same KSP (``A`` is symmetric). GMRES/BiCGStab use
+        ``KSPSolveTranspose``; preconditioners without a transpose apply (hypre)
+        get a second KSP on the explicit transpose, rebuilt when the values change.
+        """
+        ksp, transpose, reset = self._transpose_target(dA)
+        if transpose:
+            try:
+                return self._run(ksp, dA, b, None, True, **kw)
+            except PETSc.Error:  # the PC has no transpose apply: the explicit transpose from now on
+                self._explicit_T = True
+                ksp, transpose, reset = self._transpose_target(dA)
+        return self._run(ksp, dA, b, None, transpose, reset_operators=reset, **kw)
+
+    def solve_many(self, dA, B, X0=None, **kw):
+        """Collective. Solve ``A X = B`` for ``B`` of shape ``(n_local, k)`` in one call:
+        ``(X, [SolveInfo per column])``. See :meth:`_run_many`."""
+        return self._run_many(self.ksp, dA, B, X0, False, **kw)
+
+    def solve_transpose_many(self, dA, B, **kw):
+        """Collective. Solve ``A^T X = B`` for ``k`` columns in one call (the adjoint of
+        :meth:`solve_many`), with the KSP :meth:`solve_transpose` would use."""
+        ksp, transpose, reset = self._transpose_target(dA)
+        if transpose:
+            try:
+                return self._run_many(ksp, dA, B, None, True, **kw)
+            except PETSc.Error:
+                self._explicit_T = True
+                ksp, transpose, reset = self._transpose_target(dA)
+        return self._run_many(ksp, dA, B, None, transpose, reset_operators=reset, **kw)
+
+    def _run_many(self, ksp, dA, B: torch.Tensor, X0: Optional[torch.Tensor], transpose: bool, *, rtol,
+                  atol, maxiter, callback, record_history, reuse_pc: bool = False,
+                  reset_operators: bool = True, near_nullspace: Optional[torch.Tensor] = None) -> tuple:
+        """Collective. ``k`` right-hand sides (columns of ``B``) in one call.
+
+        What a single solve does once per call is done once for all columns: the
+        operator refresh (value comparison, refill), the KSP settings, the
+        near-nullspace, the preconditioner set-up and its collective checks; then
+        one ``KSPSolve`` per nonzero column on two work Vecs, which is what PETSc
+        3.18's ``KSPMatSolve`` does for every KSP type but HPDDM (a C loop over
+        the columns; petsc4py 3.18 does not wrap it, and inside it the per-column
+        converged reason is lost). The true-residual verification is vectorised:
+        one sparse-times-dense product ``R = B - A X`` and one reduction for all
+        column norms; columns PETSc called converged whose true residual is too
+        large continue one by one exactly as a single solve does. Everything that
+        holds per column for a single solve holds here: each column's tolerance
+        ``max(rtol ||b_j||, atol)``, its ``x0`` column, zero columns give zeros,
+        callback / history per column, one :class:`SolveInfo` per column.
+        ``maxiter=0`` (and ``-ksp_max_it 0``) falls back to the column loop.
+        """
+        k = int(B.shape[1])
+        if reset_operators:
+            with _log.phase("refill", _log.event("slaMatRefill")):
+                ksp.setOperators(dA.to_petsc(mat_type="aij"))
+        ov = self._overrides
+        max_it = ov.get("max_it", default_maxiter(self.n_global) if maxiter is None else int(maxiter))
+        if max_it == 0:
+            xs, infos = [], []
+            for j in range(k):
+                x, info = self._run(ksp, dA, B[:, j].contiguous(), None if X0 is None else X0[:, j].contiguous(),
+                                    transpose, rtol=rtol, atol=atol, maxiter=maxiter, callback=callback,
+                                    record_history=record_history, reuse_pc=reuse_pc, reset_operators=False,
+                                    near_nullspace=near_nullspace)
+                xs.append(x)
+                infos.append(info)
+            return torch.stack(xs, 1), infos
+        # columns as rows of (k, n) buffers: each column contiguous, and the buffer is a
+        # column-major (n, k) array a PETSc dense Mat can wrap without copying
+        Bt = B.detach().to(device="cpu", dtype=torch.float64).t().contiguous()
+        Xt = torch.zeros_like(Bt) if X0 is None else X0.detach().to(device="cpu", dtype=torch.float64).t().contiguous()
+        bnorms = _column_norms(self.comm, Bt)
+        zero = bnorms == 0.0  # SciPy: x = 0 whatever x0 (NaN columns are solved and fail there)
+        Xt[torch.from_numpy(zero)] = 0.0
+        infos = [None] * k
+        for j in np.flatnonzero(zero):
+            infos[j] = self._info("CONVERGED_ATOL", 0, 0.0, [0.0] if record_history else None, 0.0, 0.0,
+                                  rtol, atol)
+        cols = np.flatnonzero(~zero)
+        if not cols.size:
+            return Xt.t().to(device=B.device, dtype=B.dtype), infos
+        ksp.setInitialGuessNonzero(X0 is not None or ksp.getType() in _GUESS_STATE)
+        ksp.getPC().setReusePreconditioner(bool(reuse_pc))
+        mon = self._monitor
+        t0 = time.perf_counter()
+        try:
+            with _log.phase("setup", _log.event("slaPCSetUp")):
+                self._apply_near_nullspace(ksp, near_nullspace)
+                self._set_up(ksp, dA)
+        except ValueError:
+            _clear_near_nullspace(ksp)
+            raise
+        setup = time.perf_counter() - t0
+        op = ksp.getOperators()[0]
+        Xv, Bv = op.createVecs()  # work Vecs in PETSc memory (a PC may swap the solution's array)
+        r0, a0 = ov.get("rtol", rtol), ov.get("atol", atol)
+        divtol = ov.get("divtol", math.inf)
+        res = {}
+        try:
+            for j in cols:
+                r, a = r0, a0
+                absolute = r >= 1.0  # PETSc requires rtol < 1; SciPy's test is max(rtol ||b||, atol)
+                if absolute:
+                    r, a = 0.0, max(r * bnorms[j], a)
+                ksp.setTolerances(rtol=r, atol=a, divtol=divtol, max_it=max_it)
+                Bv.getArray()[:] = Bt[j].numpy()
+                Xv.getArray()[:] = Xt[j].numpy()
+                mon.history = [] if record_history else None
+                mon.callback = callback
+                t1 = time.perf_counter()
+                with _log.phase("solve"):
+                    (ksp.solveTranspose if transpose else ksp.solve)(Bv, Xv)
+                Xt[j].numpy()[:] = Xv.getArray(readonly=True)
+                res[j] = [reason_name(ksp.getConvergedReason()), int(ksp.getIterationNumber()),
+                          float(ksp.getResidualNorm()), mon.history, time.perf_counter() - t1,
+                          a if absolute else max(r * bnorms[j], a), absolute]
+            mon.history = mon.callback = None
+            # the true residual of every column at once: one sparse x dense product
+            t1 = time.perf_counter()
+            with _log.phase("verify", _log.event("slaSolveVerify")):
+                Xs = Xt[torch.from_numpy(cols)].contiguous()
+                AX = _mat_mat(op, Xs, transpose, self.n_global, self.comm)
+                ax = _column_norms(self.comm, AX)
+                true = _column_norms(self.comm, Bt[torch.from_numpy(cols)] - AX)
+                for i, j in enumerate(cols):
+                    reason, its, rnorm, history, t_solve, tol, absolute = res[j]
+                    floor = _ROUNDING_FLOOR * (bnorms[j] + ax[i])
+                    if reason.startswith("CONVERGED") and not true[i] <= max(tol, floor):
+                        # continue this column as a single solve would (rare)
+                        Bv.getArray()[:] = Bt[j].numpy()
+                        Xv.getArray()[:] = Xt[j].numpy()
+                        mon.history, mon.callback = history, callback
+                        reason, its, rnorm = _verify_true_residual(ksp, Bv, Xv, transpose, tol, max_it, its,
+                                                                    reason, float(bnorms[j]), pnorm=rnorm)
+                        mon.history = mon.callback = None
+                        Xt[j].numpy()[:] = Xv.getArray(readonly=True)
+                    elif reason.startswith("CONVERGED"):
+                        rnorm = float(true[i])
+                    if absolute and reason == "CONVERGED_ATOL" and not (atol > 0 and rnorm <= atol):
+                        reason = "CONVERGED_RTOL"
+                    res[j][:3] = reason, its, rnorm
+            t_verify = (time.perf_counter() - t1) / cols.size
+        finally:
+            mon.history = mon.callback = None
+            _clear_near_nullspace(ksp)
+            Bv.destroy(), Xv.destroy()
+        for i, j in enumerate(cols):
+            reason, its, rnorm, history, t_solve, _, _ = res[j]
+            infos[j] = self._info(reason, its, rnorm, history, setup if i == 0 else 0.0, t_solve + t_verify,
+                                  rtol, atol, ksp)
+        return Xt.t().to(device=B.device, dtype=B.dtype), infos
+
+    def _apply_near_nullspace(self, ksp, Z: Optional[torch.Tensor]) -> None:
+        """Collective. For an AMG preconditioner that reads it (``_USES_NEAR_NULLSPACE``), put
+        ``span(Z)`` on the KSP's operator Mat as its near-nullspace for this call's set-up;
+        the caller clears it after the solve (:func:`_clear_near_nullspace`), so it never
+        reaches another solver or a later call. When ``Z`` differs from the near-nullspace
+        this KSP's preconditioner was built with (compared by value on every rank;
+        ``None`` included), the preconditioner is rebuilt from scratch: GAMG keeps the
+        near-nullspace data of its first set-up through later rebuilds, and ``PCReset``
+        leaves its levels' sizes behind."""
+        if ksp.getPC().getType() not in _USES_NEAR_NULLSPACE:
+            return
+        key = "main" if ksp is self.ksp else "T"
+        built = self._nns.get(key)
+        if Z is None:
+            if built is not None:
+                self._nns[key] = None
+                self._fresh_pc(ksp)
+            return
+        Zd = Z.detach().to(device="cpu", dtype=torch.float64)
+        if built is not None and not _changed_anywhere(self.comm, built[0], Zd):
+            nsp = built[1]
+        else:
+            nsp = _near_nullspace(ksp.getOperators()[0], Zd, self.comm)
+            self._nns[key] = (Zd.clone(), nsp)
+            self._fresh_pc(ksp)
+        ksp.getOperators()[0].setNearNullSpace(nsp)
+
+    def _fresh_pc(self, ksp) -> None:
+        """Collective. A new preconditioner implementation of the same type and options
+        (the next set-up builds it from scratch)."""
+        pc = ksp.getPC()
+        kind = pc.getType()
+        pc.setType("none")
+        pc.setType(kind)
+        with temporary_options(self._entries, self._prefix):
+            pc.setFromOptions()
 
     def destroy(self) -> None:
         """Collective. Destroy the KSPs (after this the solver is unusable)."""
@@ -404,7 +600,7 @@ def _sync_solution(X, x: torch.Tensor) -> None:
         xn[...] = arr
 
 
-def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm):
+def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm, pnorm=None):
     """Collective. Make "converged" mean ``||b - A x|| <= tol``, whatever PETSc tested (a
     recurrence residual, which can be far off for a singular preconditioned operator; MINRES
     with a preconditioner tests ``||B r||``; options may select ``-ksp_norm_type
@@ -428,7 +624,8 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm)
             if rounds == _VERIFY_ROUNDS or its >= max_it or ksp.getNormType() == PETSc.KSP.NormType.NONE:
                 reason = "DIVERGED_ITS"
                 break
-            pnorm = float(ksp.getResidualNorm())
+            # PETSc's norm at exit (given for a column solved before other columns)
+            pnorm = float(ksp.getResidualNorm()) if rounds or pnorm is None else pnorm
             ksp.setTolerances(rtol=0.0, atol=0.5 * pnorm * tol / true, max_it=max_it - its)
             ksp.setInitialGuessNonzero(True)
             (ksp.solveTranspose if transpose else ksp.solve)(B, X)
@@ -467,3 +664,73 @@ def _read_overrides(prefix) -> dict:
 def _petsc_message(e) -> str:
     msg = str(e).strip().splitlines()
     return msg[0] if msg else repr(e)
+
+
+def _column_norms(comm, T: torch.Tensor) -> np.ndarray:
+    """Collective. The 2-norms of the rows of ``T`` (``(k, n_local)`` float64, a distributed
+    column each), scaled against under/overflow; two reductions of ``k`` values. NaN stays NaN."""
+    from mpi4py import MPI
+    k = T.shape[0]
+    amax = (T.abs().amax(1) if T.shape[1] else T.new_zeros(k)).numpy().copy()
+    if comm.Get_size() > 1:
+        comm.Allreduce(MPI.IN_PLACE, amax, op=MPI.MAX)
+    scale = np.where(amax > 0, amax, 1.0)
+    ssq = ((T / torch.from_numpy(scale)[:, None]) ** 2).sum(1).numpy().copy()
+    if comm.Get_size() > 1:
+        comm.Allreduce(MPI.IN_PLACE, ssq, op=MPI.SUM)
+    return scale * np.sqrt(ssq)
+
+
+def _mat_mat(op, Xs: torch.Tensor, transpose: bool, n_global: int, comm) -> torch.Tensor:
+    """Collective. ``A X`` (``A^T X``) for the columns ``Xs`` (``(m, n_local)``, a column per
+    row), as ``(m, n_local)``: one sparse-times-dense product (MatMatMult)."""
+    m, n = Xs.shape
+    Xd = PETSc.Mat().createDense(((n, n_global), (PETSc.DECIDE, m)), array=Xs.numpy().reshape(-1), comm=comm)
+    R = None
+    try:
+        R = op.transposeMatMult(Xd) if transpose else op.matMult(Xd)
+        out = torch.from_numpy(np.array(R.getDenseArray(readonly=True)).T.copy())
+    finally:
+        Xd.destroy()
+        if R is not None:
+            R.destroy()
+    return out.reshape(m, n)
+
+
+def _near_nullspace(mat, Z: torch.Tensor, comm):
+    """Collective. A ``PETSc.NullSpace`` spanning the columns of ``Z`` (this rank's rows,
+    float64), orthonormalised as ``MatNullSpaceCreate`` requires (Cholesky QR twice: one
+    ``m x m`` reduction per pass). Numerically dependent columns (condition number of the
+    column-scaled ``Z`` above 1e6) raise ``ValueError`` on every rank."""
+    import scipy.linalg as sla
+    from mpi4py import MPI
+    Q, err = Z, None
+    for rnd in range(2):
+        G = (Q.T @ Q).numpy().copy()
+        if comm.Get_size() > 1:
+            comm.Allreduce(MPI.IN_PLACE, G, op=MPI.SUM)
+        if rnd == 0:
+            d = np.sqrt(np.diag(G))
+            if not np.all(np.isfinite(G)):
+                err = ValueError("near_nullspace contains NaN or infinite values")
+            elif not np.all(d > 0):
+                err = ValueError(f"near_nullspace column {int(np.flatnonzero(~(d > 0))[0])} is zero")
+            else:
+                lam = np.linalg.eigvalsh(G / np.outer(d, d))
+                if not lam[0] > 1e-12 * lam[-1]:
+                    err = ValueError(f"near_nullspace columns are (numerically) linearly dependent (smallest "
+                                     f"eigenvalue of their scaled Gram matrix {lam[0]:.1e}); give a basis")
+            check_collective(comm, err)
+        L = np.linalg.cholesky(G)
+        Q = torch.from_numpy(sla.solve_triangular(L, Q.numpy().T, lower=True).T.copy())
+    vecs = []
+    for j in range(Q.shape[1]):
+        v = mat.createVecRight()
+        v.getArray()[:] = Q[:, j].numpy()
+        vecs.append(v)
+    return PETSc.NullSpace().create(constant=False, vectors=vecs, comm=comm)
+
+
+def _clear_near_nullspace(ksp) -> None:
+    """Local. Leave the KSP's operator Mat without a near-nullspace (no state change)."""
+    ksp.getOperators()[0].setNearNullSpace(PETSc.NullSpace())
