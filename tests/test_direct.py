@@ -366,6 +366,10 @@ def test_local_inputs_single_rank():
         for Ain in (A, S, T):
             x = spsolve(Ain, b, backend=backend)
             assert _rel(x.numpy(), ref) < 1e-12
+    # float32 in, float32 out (the factorisation runs in float64)
+    for backend in ["petsc", "torch"]:
+        x32 = spsolve(S.to(torch.float32), b.float(), backend=backend)
+        assert x32.dtype == torch.float32 and _rel(x32.double().numpy(), ref) < 1e-6
     # value gradients reach a SparseTensor's values
     v = S.values.clone().requires_grad_()
     for backend in ["petsc", "torch"]:

@@ -141,7 +141,7 @@ def _checked_solve(fac, dA, b: torch.Tensor, transpose: bool) -> torch.Tensor:
     :data:`BACKWARD_ERROR_TOL` raise FactorizationError on every rank."""
     _refresh(fac, dA)
     b64 = b.detach().to(torch.float64)
-    x = fac.solve(b64, transpose)
+    x = fac.solve(b64, transpose).to(b64.device)  # the backends work on CPU float64
     with torch.no_grad():
         a = dA.detach().to(torch.float64)
         Ax = a.rmatvec(x) if transpose else a.matvec(x)
@@ -247,6 +247,19 @@ def spsolve(A, b: torch.Tensor, *, backend: Optional[str] = None, factorization:
     later call with new values of the same pattern refactorises numerically and
     reuses MUMPS' analysis. The answer always follows the values ``A`` holds at call
     time. The backward is one transposed solve with the same factors.
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp, torch, slasolve
+    >>> A = sp.csr_matrix([[4.0, 1.0], [1.0, 3.0]])
+    >>> slasolve.spsolve(A, torch.tensor([1.0, 2.0], dtype=torch.float64))
+    tensor([0.0909, 0.6364], dtype=torch.float64)
+    >>> S = slasolve.SparseTensor.from_scipy(A)
+    >>> v = S.values.clone().requires_grad_()
+    >>> x = slasolve.spsolve(S.with_values(v), torch.tensor([1.0, 2.0], dtype=torch.float64))
+    >>> x.sum().backward()          # adjoint: one transposed solve, same factors
+    >>> v.grad.shape
+    torch.Size([4])
     """
     backend = _backend_name(backend)
     dA, path = _validate(A, b, backend=backend, factorization=factorization, petsc_options=petsc_options,
@@ -308,7 +321,22 @@ def factorized(A, *, backend: Optional[str] = None, factorization: Optional[str]
 
     Arguments as in :func:`spsolve`. The factorisation is private to the returned object
     (not shared with ``spsolve``'s cache). Singular ``A`` raises FactorizationError on
-    every rank here.
+    every rank here. A SciPy / torch sparse ``A`` is copied at this call; the live-value
+    rule covers slasolve tensors (``SparseTensor`` / ``DSparseTensor`` values changed in
+    place are seen by the next ``F(b)``).
+
+    Examples
+    --------
+    >>> import scipy.sparse as sp, torch, slasolve
+    >>> F = slasolve.factorized(sp.csr_matrix([[4.0, 1.0], [2.0, 3.0]]))
+    >>> F(torch.tensor([1.0, 2.0], dtype=torch.float64))
+    tensor([0.1000, 0.6000], dtype=torch.float64)
+    >>> I = torch.eye(2, dtype=torch.float64)
+    >>> F.solve(I, transpose=True)  # A^{-T}: both columns in one backend call
+    tensor([[ 0.3000, -0.2000],
+            [-0.1000,  0.4000]], dtype=torch.float64)
+    >>> F.info.numeric_factorizations, F.info.solves, F.info.transpose_solves
+    (1, 1, 1)
     """
     backend = _backend_name(backend)
     dA, path = _validate(A, None, backend=backend, factorization=factorization,
