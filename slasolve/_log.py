@@ -8,7 +8,7 @@ stage                      pushed by
 ========================  ==========================================================
 ``slaAssembly``            :class:`slasolve.fem.Assembler` (set-up, matrix / vector assembly)
 ``slaSolve``               :func:`slasolve.solve` (forward)
-``slaAdjoint``             the backward (adjoint) solve of :func:`slasolve.solve`
+``slaAdjoint``             the backward pass of :func:`slasolve.solve` / :func:`slasolve.eigsh`
 ``slaEigsh``               :func:`slasolve.eigsh`
 ========================  ==========================================================
 
@@ -20,7 +20,7 @@ tensor's values into its cached PETSc Mat; the refill includes the comparison wi
 the snapshot), ``slaAsmSetup`` / ``slaAssembleMat`` / ``slaAssembleVec``, ``slaSolve``,
 ``slaSolverSetup`` (KSP / native solver creation), ``slaPCSetUp`` (per-call
 preconditioner set-up), ``slaSolveVerify`` (true-residual check), ``slaAdjoint``,
-``slaEigsh``, ``slaEigSetup``, ``slaEigSolve``, ``slaEigVerify``.
+``slaEigsh``, ``slaEigSetup``, ``slaEigSolve``, ``slaEigVerify``, ``slaEigBackward``.
 
 Every stage and event is registered here, at import (which is collective: every
 rank imports slasolve), in one fixed order, so the ids agree across ranks as
@@ -54,7 +54,7 @@ STAGE_NAMES = ("slaAssembly", "slaSolve", "slaAdjoint", "slaEigsh")
 EVENT_NAMES = ("slaHaloStart", "slaHaloFinish", "slaMatCreate", "slaMatRefill",
                "slaAsmSetup", "slaAssembleMat", "slaAssembleVec",
                "slaSolve", "slaSolverSetup", "slaPCSetUp", "slaSolveVerify", "slaAdjoint",
-               "slaEigsh", "slaEigSetup", "slaEigSolve", "slaEigVerify")
+               "slaEigsh", "slaEigSetup", "slaEigSolve", "slaEigVerify", "slaEigBackward")
 
 
 def enabled() -> bool:

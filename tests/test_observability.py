@@ -63,7 +63,8 @@ def test_events_counted_in_their_stages():
              ("slaEigsh", "slaEigsh"), ("slaEigSetup", "slaEigsh"), ("slaEigSolve", "slaEigsh"),
              ("slaEigVerify", "slaEigsh"), ("slaAssembleMat", "slaAssembly"),
              ("slaAssembleVec", "slaAssembly"), ("slaAsmSetup", "slaAssembly"),
-             ("slaHaloStart", "slaAssembly"), ("slaHaloFinish", "slaAssembly")]
+             ("slaHaloStart", "slaAssembly"), ("slaHaloFinish", "slaAssembly"),
+             ("slaEigBackward", "slaAdjoint")]
     before = {n: count(n, s) for n, s in names}
     ksp_before = {s: ksp_count(s) for s in ("slaSolve", "slaAdjoint")}
 
@@ -74,7 +75,9 @@ def test_events_counted_in_their_stages():
     x.sum().backward()
     slasolve.solve(dA.with_values(2 * v.detach()), b, "gmres", pc="jacobi", rtol=1e-8,
                    petsc_options={"ksp_type": "gmres"})      # same solver, new values: refill
-    slasolve.eigsh(dA, k=2, which="LA", backend="slepc")
+    dE = distribute(poisson_matrix((12, 11)).tocsr(), COMM)     # simple extreme eigenvalues
+    w, _ = slasolve.eigsh(dE.with_values(dE.values.clone().requires_grad_()), k=2, which="LA", backend="slepc")
+    w.sum().backward()
     mesh = box_mesh(6, cell="triangle", comm=COMM)
     V = Assembler(mesh)
     V.stiffness()
@@ -85,6 +88,7 @@ def test_events_counted_in_their_stages():
     assert grew["slaSolve"] == 2 and grew["slaAdjoint"] == 1 and grew["slaEigsh"] == 1, grew
     assert grew["slaSolverSetup"] == 1, grew          # the second solve hit the cache
     assert grew["slaPCSetUp"] >= 2 and grew["slaSolveVerify"] >= 2 and grew["slaMatRefill"] >= 1, grew
+    assert grew["slaEigBackward"] == 1, grew
     assert grew["slaEigSetup"] == 1 and grew["slaEigSolve"] == 1 and grew["slaEigVerify"] == 1, grew
     assert grew["slaAsmSetup"] == 1 and grew["slaAssembleMat"] == 1 and grew["slaAssembleVec"] == 1, grew
     halo = grew["slaHaloStart"], grew["slaHaloFinish"]

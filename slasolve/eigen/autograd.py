@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import _log
 from .._comm import allreduce_sum, check_collective
 from ..autograd import matvec_value_grad
 from .info import EigenConvergenceError
@@ -100,6 +101,7 @@ class EigshFunction(torch.autograd.Function):
         return w.clone(), V.clone()
 
     @staticmethod
+    @_log.logged("slaAdjoint", "slaEigBackward")
     def backward(ctx, gw, gV):
         if torch.is_grad_enabled():
             # create_graph=True. ``once_differentiable`` is not enough: its error node hangs

@@ -90,6 +90,9 @@ class SlepcSession:
     ``eps.getType()``, plus ``"+" + st.getType()`` unless the ST is ``shift`` or
     ``precond`` (the preconditioned solvers' default) with a zero shift (e.g.
     ``"krylovschur+sinvert"``, ``"lobpcg"``).
+
+    ``monitor``: optional ``monitor(iteration, nconv, error estimates of the nev wanted
+    pairs)``, installed as an EPS monitor (``eigsh(progress=...)``).
     """
 
     def __init__(self, dA, dM, k, *, which, sigma, tol, maxiter, ncv=None, options_prefix=None,

@@ -10,6 +10,7 @@
   (collective; generated in parallel, no global arrays), :func:`read_mesh`
   (collective; meshio on rank 0 + partitioning), :func:`write_mesh`
   (collective; one VTU piece per rank plus a ``.pvtu`` index, or gathered),
+  :func:`read_pvtu` (local; the pieces reassembled into one ``meshio.Mesh``),
   :func:`boundary_nodes` (local).
 * :mod:`slasolve.fem.assembly` -- :class:`Assembler` (alias :class:`FunctionSpace`;
   collective): precomputed distributed pattern, vectorised differentiable
