@@ -37,6 +37,8 @@ rank), as SciPy does for shapes.
 """
 from scipy.sparse.linalg import LinearOperator, aslinearoperator
 
+from ._direct import spsolve
+from ._eigen import eigsh
 from ._iterative import bicgstab, cg, gmres, minres
 
 __all__ = ["cg", "gmres", "minres", "bicgstab", "spsolve", "eigsh", "LinearOperator", "aslinearoperator"]

@@ -89,6 +89,34 @@ def _as_scipy(A):
     return sp.csr_matrix(np.asarray(A))
 
 
+def row_block(S, r0: int, r1: int, comm) -> DSparseTensor:
+    """Collective. A row-sharded DSparseTensor from this rank's rows ``[r0, r1)`` of a
+    scipy.sparse matrix every rank holds in full (the replicated mode)."""
+    blk = S.tocsr()[r0:r1]
+    blk.sum_duplicates()
+    return DSparseTensor.from_local_rows(
+        torch.as_tensor(blk.indptr.astype(np.int64)), torch.as_tensor(blk.indices.astype(np.int64)),
+        torch.as_tensor(blk.data), S.shape, comm)
+
+
+def split_rows(n: int, comm):
+    """Local. This rank's contiguous rows ``(r0, r1)`` and every rank's count (PETSc's split)."""
+    offs = _split_offsets(n, comm.Get_size())
+    r = comm.Get_rank()
+    return int(offs[r]), int(offs[r + 1]), [int(c) for c in np.diff(offs)]
+
+
+def gather_rows(x: np.ndarray, counts, comm) -> np.ndarray:
+    """Collective. Concatenate every rank's rows (``x``: ``(n_local,)`` or ``(n_local, k)``)."""
+    x = np.ascontiguousarray(x)
+    if comm.Get_size() == 1:
+        return x
+    k = int(np.prod(x.shape[1:])) if x.ndim > 1 else 1
+    out = np.empty((sum(counts),) + x.shape[1:], dtype=x.dtype)
+    comm.Allgatherv(x, [out, [c * k for c in counts]])
+    return out
+
+
 class System:
     """Local (construction). The normalised linear system; see the module docstring.
 
@@ -284,11 +312,7 @@ class System:
                 from ..krylov.operator import as_row_shard
                 self.dA = as_row_shard(SparseTensor.from_scipy(S))
             else:
-                blk = S[self.r0:self.r1]
-                blk.sum_duplicates()
-                self.dA = DSparseTensor.from_local_rows(
-                    torch.as_tensor(blk.indptr.astype(np.int64)), torch.as_tensor(blk.indices.astype(np.int64)),
-                    torch.as_tensor(blk.data), (self.n, self.n), comm)
+                self.dA = row_block(S, self.r0, self.r1, comm)
         if self.dA is not None and self.kind == "dsparse" and self.shift != 0.0:
             dA, s = self.dA, self.shift
             self.dA = None  # A - shift I matrix-free
@@ -325,8 +349,8 @@ class System:
         if isinstance(F, np.ndarray) and self.mode != "rows":
             F = aslinearoperator(F)
 
-        def local(x: torch.Tensor) -> torch.Tensor:
-            y = self._apply_np(F, x.detach().cpu().numpy())
+        def local(x) -> torch.Tensor:
+            y = self._apply_np(F, x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x)
             if _is_complex_dtype(y.dtype):
                 raise _complex_error("operator output", y.dtype)
             return torch.as_tensor(y, dtype=dtype)

@@ -34,10 +34,21 @@ R_COMPLEX = "complex input: slasolve.linalg is real-only and raises TypeError (t
 R_SOLVER = "solver not provided by slasolve.linalg (SciPy only)"
 
 
+DSOLVE_TESTS = os.path.join(SCIPY_DIR, "sparse", "linalg", "_dsolve", "tests")
+ARPACK_TESTS = os.path.join(SCIPY_DIR, "sparse", "linalg", "_eigen", "arpack", "tests")
+R_INTERNAL = "tests a SciPy-internal function (not part of the drop-in API)"
+R_SLOW = "SciPy marks it slow and skips it without scikits.umfpack (a 250k-unknown 3-D problem)"
+#: items whose SciPy test loops over real then complex dtypes: the real iterations run with
+#: SciPy's assertions, the loop ends at the first complex input (slasolve raises TypeError)
+PARTIAL = "real dtypes run; stops at the first complex input (TypeError by design)"
+
+
 def _load(path: str, name: str):
     """A fresh copy of a SciPy test module (inside SciPy's package, so its relative
     imports work), not registered in sys.modules."""
-    pkg = "scipy.sparse.linalg._isolve.tests" if "_isolve" in path else None
+    pkg = ("scipy.sparse.linalg._isolve.tests" if "_isolve" in path else
+           "scipy.sparse.linalg._dsolve.tests" if "_dsolve" in path else
+           "scipy.sparse.linalg._eigen.arpack.tests" if "arpack" in path else None)
     spec = importlib.util.spec_from_file_location(f"{pkg}.{name}" if pkg else name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -205,3 +216,134 @@ def as_params(items):
             marks.append(pytest.mark.xfail(reason=xfail, strict=True))
         out.append(pytest.param(test, args, marks=marks, id=ident.replace(" ", "_")))
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# spsolve: _dsolve/tests/test_linsolve.py
+
+def linsolve_module(comm=None):
+    key = ("linsolve", None if comm is None else id(comm))
+    if key not in _CACHE:
+        mod = _load(os.path.join(DSOLVE_TESTS, "test_linsolve.py"), "_slasolve_test_linsolve")
+        mod.spsolve = bound(L.spsolve, comm)
+        _CACHE[key] = mod
+    return _CACHE[key]
+
+
+LINSOLVE_PARTIAL = ("test_twodiags", "test_dtype_cast")
+
+
+def linsolve_items():
+    mod = linsolve_module(None)
+    items = []
+    for cls in ("TestLinsolve", "TestFactorized", "TestSplu", "TestSpsolveTriangular"):
+        for m in sorted(n for n in dir(getattr(mod, cls)) if n.startswith("test_")):
+            excl = None
+            if cls != "TestLinsolve":
+                excl = R_SOLVER + f" ({cls}: factorized/splu/spilu/spsolve_triangular)"
+            elif m == "test_gssv_badinput":
+                excl = R_INTERNAL + " (_superlu.gssv)"
+            elif m == "test_bug_8278":
+                excl = R_SLOW
+            items.append((f"{cls}.{m}", f"{cls}.{m}", (), excl, None))
+    return items
+
+
+def _complex_refusal(e) -> bool:
+    return isinstance(e, TypeError) and "complex" in str(e) and "not supported" in str(e)
+
+
+def run_linsolve(name, comm):
+    mod = linsolve_module(comm)
+    cls, m = name.split(".")
+    obj = getattr(mod, cls)()
+    if hasattr(obj, "setup_method"):
+        obj.setup_method()
+    fn = getattr(type(obj), m)
+    fn = getattr(fn, "__wrapped__", fn)  # SciPy's @sup_sparse_efficiency decorator
+    with np.testing.suppress_warnings() as sup:
+        sup.filter(mod.SparseEfficiencyWarning)
+        try:
+            fn(obj)
+        except TypeError as e:
+            if m in LINSOLVE_PARTIAL and _complex_refusal(e):
+                return "partial"
+            raise
+    return "full"
+
+
+# ------------------------------------------------------------------------------------------------
+# eigsh: _eigen/arpack/tests/test_arpack.py
+
+R_EIGS = "uses eigs (nonsymmetric ARPACK), not provided by slasolve.linalg"
+R_LINOP_EIG = "matrix-free eigsh (LinearOperator A) is not provided: slasolve.linalg.eigsh raises TypeError"
+R_MODE = "mode='buckling'/'cayley' not provided (shift-invert mode='normal' only): ValueError"
+XF_GEN_ACCURACY = ("known difference: generalized smallest eigenpairs (M condition number 600) from SLEPc "
+                   "(plus one Rayleigh-Ritz step) have ||A v - w M v|| ~5e-12; SciPy's test demands 4.4e-13 "
+                   "(ARPACK with an exact LU of M reaches 1e-14)")
+R_SIGMA_WHICH = "sigma with which != 'LM' not provided (slasolve: the eigenvalues nearest sigma): ValueError"
+
+
+def arpack_module(comm=None):
+    key = ("arpack", None if comm is None else id(comm))
+    if key not in _CACHE:
+        mod = _load(os.path.join(ARPACK_TESTS, "test_arpack.py"), "_slasolve_test_arpack")
+        mod.eigsh = bound(L.eigsh, comm)
+        mod.sym_params = mod.SymmetricParams()
+        _CACHE[key] = mod
+    return _CACHE[key]
+
+
+def arpack_items():
+    mod = arpack_module(None)
+    P = mod.sym_params
+    items = []
+    for di, D in enumerate(P.real_test_cases):
+        for typ in "fd":
+            for which in P.which:
+                for mattype in P.mattypes:
+                    for sigma, modes in P.sigmas_modes.items():
+                        for mode in modes:
+                            excl = None
+                            if mattype is mod.aslinearoperator:
+                                excl = R_LINOP_EIG
+                            elif mode != "normal":
+                                excl = R_MODE
+                            elif sigma is not None and which != "LM":
+                                excl = R_SIGMA_WHICH
+                            xfail = None
+                            if (excl is None and D.name == "gen-symmetric" and typ == "d" and sigma is None
+                                    and which in ("SM", "SA", "BE") and BACKEND in (None, "slepc")):
+                                xfail = XF_GEN_ACCURACY
+                            ident = f"test_symmetric_modes[{D.name}-{typ}-{which}-{mattype.__name__}-{sigma}-{mode}]"
+                            items.append((ident, "test_symmetric_modes", (di, typ, which, mattype.__name__,
+                                                                          sigma, mode), excl, xfail))
+    for name in ("test_hermitian_modes", "test_symmetric_starting_vector", "test_symmetric_no_convergence",
+                 "test_real_nonsymmetric_modes", "test_complex_nonsymmetric_modes",
+                 "test_standard_nonsymmetric_starting_vector", "test_general_nonsymmetric_starting_vector",
+                 "test_standard_nonsymmetric_no_convergence", "test_eigen_bad_shapes", "test_eigen_bad_kwargs",
+                 "test_ticket_1459_arpack_crash", "test_linearoperator_deallocation", "test_parallel_threads",
+                 "test_reentering", "test_regression_arpackng_1315", "test_eigs_for_k_greater",
+                 "test_eigsh_for_k_greater", "test_real_eigs_real_k_subset"):
+        excl = None
+        if name == "test_hermitian_modes":
+            excl = R_COMPLEX
+        elif name == "test_linearoperator_deallocation":
+            excl = R_INTERNAL + " (arpack.SpLuInv, IterInv, ...)"
+        elif name in ("test_parallel_threads", "test_reentering") or "nonsymmetric" in name or "eigs_" in name \
+                or name in ("test_eigen_bad_shapes", "test_eigen_bad_kwargs", "test_ticket_1459_arpack_crash",
+                            "test_regression_arpackng_1315"):
+            excl = R_EIGS
+        items.append((name, name, (), excl, None))
+    return items
+
+
+def run_arpack(test, args, comm):
+    mod = arpack_module(comm)
+    if test == "test_symmetric_modes":
+        di, typ, which, mname, sigma, mode = args
+        mattype = {"csr_matrix": mod.csr_matrix, "aslinearoperator": mod.aslinearoperator,
+                   "asarray": np.asarray}[mname]
+        mod.eval_evec(True, mod.sym_params.real_test_cases[di], typ, 2, which, None, sigma, mattype, None, mode)
+    else:
+        getattr(mod, test)()

@@ -35,3 +35,33 @@ def test_scipy_iterative_mpi(test, args):
 @pytest.mark.parametrize("test,args", MINRES)
 def test_scipy_minres_mpi(test, args):
     ad.run_minres(test, MPI.COMM_WORLD)
+
+
+LINSOLVE = ad.as_params(ad.linsolve_items())
+
+
+@pytest.mark.parametrize("test,args", LINSOLVE)
+def test_scipy_linsolve(test, args):
+    done = ad.run_linsolve(test, None)
+    assert done == ("partial" if test.split(".")[1] in ad.LINSOLVE_PARTIAL else "full")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("test,args", LINSOLVE)
+def test_scipy_linsolve_mpi(test, args):
+    done = ad.run_linsolve(test, MPI.COMM_WORLD)
+    assert done == ("partial" if test.split(".")[1] in ad.LINSOLVE_PARTIAL else "full")
+
+
+ARPACK = ad.as_params(ad.arpack_items())
+
+
+@pytest.mark.parametrize("test,args", ARPACK)
+def test_scipy_arpack(test, args):
+    ad.run_arpack(test, args, None)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("test,args", ARPACK)
+def test_scipy_arpack_mpi(test, args):
+    ad.run_arpack(test, args, MPI.COMM_WORLD)
