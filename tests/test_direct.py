@@ -366,6 +366,15 @@ def test_local_inputs_single_rank():
         for Ain in (A, S, T):
             x = spsolve(Ain, b, backend=backend)
             assert _rel(x.numpy(), ref) < 1e-12
+    # badly scaled rows and columns are not "singular" (SuperLU equilibrates, MUMPS scales)
+    D = sp.diags(10.0 ** -np.arange(0, 60, 2)[:30])
+    D2 = sp.diags(10.0 ** -np.linspace(0, 6, 30))
+    for As in (D @ A, A @ D, D2 @ A @ D2):
+        As = sp.csr_matrix(As)
+        refs = spla.spsolve(sp.csc_matrix(As), b.numpy())
+        for backend in ["petsc", "torch"]:
+            xs = spsolve(As, b, backend=backend)
+            assert _rel(xs.numpy(), refs) < 1e-10, backend
     # float32 in, float32 out (the factorisation runs in float64)
     for backend in ["petsc", "torch"]:
         x32 = spsolve(S.to(torch.float32), b.float(), backend=backend)
