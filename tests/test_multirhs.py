@@ -204,3 +204,31 @@ def test_torch_backend_agrees(comm):
     Xt, it = slasolve.solve(dA, B, "cg", backend="torch", pc="jacobi", rtol=1e-10, return_info=True)
     assert torch.allclose(Xp, Xt, rtol=1e-7, atol=1e-9)
     assert [i.iterations for i in ip.per_rhs] == [i.iterations for i in it.per_rhs]
+
+
+def test_rank_without_rows_and_block_matrix(comm):
+    """A rank owning no rows (the last, with 2+ ranks) and a BSR matrix: columns vs SciPy."""
+    A = poisson2d(12)
+    N, size = A.shape[0], comm.Get_size()
+    p = max(1, size - 1)
+    offs = [min(N, r * (N // p + 1)) for r in range(size)] + [N]
+    if size > 1:
+        offs[-2] = N
+    r0, r1 = offs[comm.Get_rank()], offs[comm.Get_rank() + 1]
+    S = A[r0:r1]
+    dA = DSparseTensor.from_local_rows(torch.from_numpy(S.indptr.astype(np.int64)),
+                                       torch.from_numpy(S.indices.astype(np.int64)), torch.from_numpy(S.data),
+                                       (N, N), comm)
+    Bg = torch.from_numpy(np.random.default_rng(9).standard_normal((N, 3)))
+    ref = spla.spsolve(A.tocsc(), Bg.numpy())
+    for pc in ("gamg", "jacobi"):
+        X = slasolve.solve(dA, Bg[r0:r1].contiguous(), "cg", pc=pc, rtol=1e-10)
+        Xg = np.concatenate(comm.allgather(X.numpy()))
+        assert np.linalg.norm(Xg - ref) <= 1e-8 * np.linalg.norm(ref)
+    K = sp.diags([-1, 2, -1], [-1, 0, 1], (30, 30))
+    Ab = (sp.kron(K, np.array([[2.0, 0.5], [0.5, 1.0]])) + 0.1 * sp.identity(60)).tobsr((2, 2))
+    db = DSparseTensor.from_global(Ab, comm)
+    Bg = torch.from_numpy(np.random.default_rng(10).standard_normal((60, 2)))
+    X = slasolve.solve(db, _scatter(db, Bg), "cg", pc="gamg", rtol=1e-10)
+    ref = spla.spsolve(Ab.tocsc(), Bg.numpy())
+    assert np.linalg.norm(_gather(db, X) - ref) <= 1e-8 * np.linalg.norm(ref)

@@ -33,6 +33,8 @@ __all__ = ["CELL_TYPES", "cell_dim", "n_vertices", "infer_cell", "stiffness", "m
            "boundary_dofs", "l2_error", "manufactured_solve", "FemResult"]
 from .filters import BoxCells, DensityFilter, cell_laplacian  # noqa: E402
 __all__ += ["BoxCells", "DensityFilter", "cell_laplacian"]
+from .nullspace import rigid_body_modes  # noqa: E402
+__all__ += ["rigid_body_modes"]
 from .facets import BoundaryFacets, boundary_facets, neumann_load  # noqa: E402
 from .nonlinear import NonlinearDiffusion, NonlinearProblem  # noqa: E402
 from .hyperelastic import NeoHookean  # noqa: E402

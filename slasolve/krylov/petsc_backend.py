@@ -37,6 +37,31 @@ side changes. Nothing a call asks for survives into the next call:
   otherwise): PETSc 3.18 otherwise keeps the old prolongators *and* the
   Chebyshev eigenvalue estimates made for the old matrix, which can give
   ``DIVERGED_INDEFINITE_PC`` after large value changes (SIMP densities).
+
+Several right-hand sides (``b`` of shape ``(n_local, k)``, :meth:`PetscKrylov.solve_many`,
+and the adjoint :meth:`PetscKrylov.solve_transpose_many`) are solved in one call: the
+operator refresh (value comparison, refill), the KSP settings, the preconditioner set-up
+and its collective checks happen once; then one ``KSPSolve`` per nonzero column on two
+work Vecs; then one true-residual check for all columns (a sparse-times-dense MatMatMult
+and one reduction for the column norms). That is what PETSc 3.18's ``KSPMatSolve`` does
+for every KSP type of this build (only KSPHPDDM, not built in Debian's PETSc, has a block
+method; the others loop over the columns in C), but ``KSPMatSolve`` is not wrapped by
+petsc4py 3.18 and resets the converged reason per column, keeping only the last one, so
+slasolve loops itself and keeps everything per column: each column's tolerance
+``max(rtol ||b_j||, atol)`` (``rtol >= 1`` included), its ``x0`` column, zeros for zero
+columns, per-column history and callback, callable preconditioners, and the true-residual
+continuation for a column PETSc called converged too early. Only ``maxiter=0`` (or
+``-ksp_max_it 0``) falls back to one full single-column call per column.
+
+``near_nullspace`` (``(n_local, m)``) is a hint for the preconditioners in
+``_USES_NEAR_NULLSPACE`` (GAMG, ML; hypre's BoomerAMG and the others do not read it): the
+columns are orthonormalised collectively (Cholesky QR twice), made a ``MatNullSpace`` and
+set on the operator Mat only for this call's set-up, and cleared after the solve, so the
+cached Mat (shared by every solver of the layout) never carries it into another call.
+GAMG keeps the near-nullspace data of its first set-up through later rebuilds, and
+``PCReset`` leaves its levels' sizes behind, so when ``near_nullspace`` differs from what
+this KSP's preconditioner was built with (by value, on any rank; given or not), the
+preconditioner implementation is replaced (same type and options) and built from scratch.
 """
 from __future__ import annotations
 

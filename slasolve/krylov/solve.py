@@ -334,7 +334,13 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
     A : DSparseTensor (row shard), SparseTensor, scipy.sparse matrix or torch sparse tensor
         The last three are single-rank operators.
     b : torch.Tensor
-        This rank's owned rows, ``(n_local,)`` or ``(n_local, k)``.
+        This rank's owned rows, ``(n_local,)`` or ``(n_local, k)``. With ``k`` columns
+        every column is a solve of its own (its tolerance ``max(rtol ||b_j||, atol)``,
+        its ``x0`` column, its convergence decision; ``info.per_rhs`` holds one
+        SolveInfo per column, ``info`` merges them: converged if all are, the worst
+        reason, the largest iteration count and residual). The petsc backend solves the
+        columns in one call (set-up, checks and the true-residual verification once for
+        all; the adjoint too); the torch backend loops over them.
     method : {"cg", "gmres", "minres", "bicgstab", "direct"}
         ``"direct"``: sparse LU / Cholesky (:func:`slasolve.spsolve`; ``pc`` = None, ``"lu"``
         or ``"cholesky"`` picks the factorisation; tolerances, ``x0`` are ignored).
