@@ -341,6 +341,11 @@ def test_failures_raise_on_every_rank(comm, backend):
     u, info = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, c, a, jacobian=P.jacobian, backend=backend,
                               maxiter=3, raise_on_fail=False, return_info=True)
     assert info.reason == "DIVERGED_MAX_IT" and info.iterations == 3 and not info.converged
+    cg = c.clone().requires_grad_(True)  # no gradient through a result that did not converge
+    u = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, cg, a, jacobian=P.jacobian, backend=backend,
+                        maxiter=3, raise_on_fail=False)
+    with pytest.raises(RuntimeError, match="did not converge"):
+        torch.autograd.grad(slasolve.global_sum(u.sum(), comm), cg)
     # NaN in the residual on the last rank only
     last = comm.Get_size() - 1
     N = Diagonal(n, comm, lambda u: u - 1 if comm.Get_rank() != last else (u - 1) * float("nan"),
@@ -394,11 +399,35 @@ def _check_pattern_change(comm, P, u0, f, c, a, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_settings_do_not_leak(comm, backend):
-    P = FD1D(40, comm)
+    P = FD1D(24, comm)
     f, c, a = _data(P)
     u0 = torch.zeros_like(P.x)
-    ref = nonlinear_solve(P.residual, u0, f, c, a, jacobian=P.jacobian, backend=backend, rtol=1e-10)
+    ref, rinfo = nonlinear_solve(P.residual, u0, f, c, a, jacobian=P.jacobian, backend=backend, rtol=1e-10,
+                                 return_info=True)
     if backend == "petsc":
+        # an entry in the options database (as from the command line) overrides the keyword
+        from slasolve.petsc import PETSc
+        PETSc.Options().setValue("snes_max_it", 2)
+        try:
+            _, i0 = nonlinear_solve(P.residual, u0, f, c, a, jacobian=P.jacobian, backend=backend, maxiter=50,
+                                    raise_on_fail=False, return_info=True)
+        finally:
+            PETSc.Options().delValue("snes_max_it")
+        assert i0.reason == "DIVERGED_MAX_IT" and i0.iterations == 2
+        # a prefix keeps per-call options apart from unprefixed ones
+        _, ip = nonlinear_solve(P.residual, u0, f, c, a, jacobian=P.jacobian, backend=backend,
+                                options_prefix="nl_", petsc_options={"snes_max_it": 1}, raise_on_fail=False,
+                                return_info=True)
+        assert ip.iterations == 1 and not PETSc.Options("nl_").hasName("snes_max_it")
+        # ksponly (one linear solve, SNES says CONVERGED_ITS): named by the residual test it passes or fails
+        lin = Diagonal(12, comm, lambda u: 3 * u - 1, lambda u: torch.full_like(u, 3.0))
+        ul, il = nonlinear_solve(lin.residual, torch.zeros(lin.m, dtype=F64), jacobian=lin.jacobian,
+                                 backend=backend, petsc_options={"snes_type": "ksponly"}, return_info=True)
+        assert il.reason == "CONVERGED_FNORM_RELATIVE" and il.method == "ksponly"
+        torch.testing.assert_close(ul, torch.full_like(ul, 1 / 3))
+        _, ik = nonlinear_solve(P.residual, u0, f, c, a, jacobian=P.jacobian, backend=backend,
+                                petsc_options={"snes_type": "ksponly"}, return_info=True, raise_on_fail=False)
+        assert ik.reason == "DIVERGED_MAX_IT" and not ik.converged
         # per-call options: one Newton step, then full steps; neither reaches the next call
         _, i1 = nonlinear_solve(P.residual, u0, f, c, a, jacobian=P.jacobian, backend=backend,
                                 petsc_options={"snes_max_it": 1}, raise_on_fail=False, return_info=True)
@@ -417,7 +446,8 @@ def test_settings_do_not_leak(comm, backend):
             torch.testing.assert_close(u, ref, rtol=1e-9, atol=1e-11)
     u, info = nonlinear_solve(P.residual, u0, f, c, a, jacobian=P.jacobian, backend=backend, rtol=1e-10,
                               return_info=True)
-    assert info.iterations == 9 and info.line_search == "bt" and info.linear_method == "gmres"
+    assert info.iterations == rinfo.iterations and info.line_search == "bt" and info.linear_method == "gmres"
+    assert info.residual_history == rinfo.residual_history
     torch.testing.assert_close(u, ref, rtol=0, atol=0)
 
 

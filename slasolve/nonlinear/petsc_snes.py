@@ -18,9 +18,10 @@ preconditioner). Errors raised by slasolve's checks inside a callback are raised
 every rank (the checks are collective), stop SNES and are re-raised from the solve.
 
 "Converged" is re-checked at exit with one more residual evaluation: the reported
-``residual_norm`` is ``||F(u)||`` of the returned ``u``, and a converged SNES reason whose
-residual fails ``max(rtol ||F(u0)||, atol)`` (e.g. ``CONVERGED_ITS`` from
-``-snes_max_it 0 -snes_type ksponly`` style options) becomes ``DIVERGED_MAX_IT``.
+``residual_norm`` is ``||F(u)||`` of the returned ``u``; a converged SNES reason whose
+residual fails ``max(rtol ||F(u0)||, atol)`` (``CONVERGED_ITS`` of ``-snes_type ksponly`` on a
+nonlinear problem) becomes ``DIVERGED_MAX_IT``, one that passes is named by the residual
+test (``CONVERGED_FNORM_RELATIVE`` / ``_ABS``).
 """
 from __future__ import annotations
 
@@ -197,12 +198,12 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
     hist = cb.hist or [float("nan")]
     target = max(rtol * hist[0], atol)
     if reason.startswith("CONVERGED") and reason != "CONVERGED_SNORM_RELATIVE":
-        if not (math.isfinite(fn) and fn <= target * (1 + 1e-8) + 1e3 * torch.finfo(torch.float64).eps * hist[0]):
-            reason = "DIVERGED_MAX_IT" if its >= max_it else "DIVERGED_LOCAL_MIN"
-    if reason == "CONVERGED_ITS":
-        reason = "DIVERGED_MAX_IT"
-    if reason == "CONVERGED_ITERATING":
-        reason = "DIVERGED_MAX_IT"
+        # same norm as SNES's own test; the slack only absorbs rounding between the two evaluations
+        if math.isfinite(fn) and fn <= target * (1 + 1e-8) + 1e3 * torch.finfo(torch.float64).eps * hist[0]:
+            if reason not in ("CONVERGED_FNORM_ABS", "CONVERGED_FNORM_RELATIVE"):  # e.g. ksponly's CONVERGED_ITS
+                reason = "CONVERGED_FNORM_ABS" if atol > 0 and fn <= atol else "CONVERGED_FNORM_RELATIVE"
+        else:
+            reason = "DIVERGED_MAX_IT" if its >= max_it or reason == "CONVERGED_ITS" else "DIVERGED_LOCAL_MIN"
     info = NonlinearInfo(converged=reason.startswith("CONVERGED"), reason=reason, iterations=int(its),
                          residual_norm=fn, residual_history=hist, linear_iterations=sum(cb.lits),
                          linear_iterations_per_step=cb.lits, method=method, backend="petsc",

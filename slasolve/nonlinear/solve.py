@@ -131,6 +131,9 @@ class _ImplicitFunction(torch.autograd.Function):
                                "create_graph=True)")
         (u,) = ctx.saved_tensors
         ctl = ctx.ctl
+        if ctl["failed"] is not None:  # the same on every rank (decided from global norms)
+            raise RuntimeError(f"nonlinear_solve did not converge ({ctl['failed']}): the implicit-function "
+                               "gradient of its result is undefined (raise_on_fail=False returned it)")
         lam = _adjoint_solve(ctl, u, g.contiguous())
         want = [i for i, p in enumerate(ctx.params) if isinstance(p, torch.Tensor) and ctx.needs_input_grad[2 + i]]
         with torch.enable_grad():
@@ -265,7 +268,10 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     ``J(u)^T lam = g`` with ``slasolve.solve``'s adjoint (same method and preconditioner;
     a failure raises ``ConvergenceError`` on every rank) and evaluates ``residual`` once
     with autograd: it is collective, like the forward. Differentiable once
-    (``create_graph=True`` raises ``RuntimeError``).
+    (``create_graph=True`` raises ``RuntimeError``; so does a backward through a result that
+    did not converge, returned with ``raise_on_fail=False``). The adjoint is exactly as right
+    as ``jacobian``: give the exact derivative of ``residual`` (an approximate Jacobian still
+    lets Newton converge, more slowly, but gives wrong gradients; ``jacobian=None`` does not).
     """
     from ..krylov.solve import default_backend
     t0 = time.perf_counter()
@@ -313,6 +319,7 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     flat, rebuild = _grad_leaves(params)
     if any(isinstance(p, torch.Tensor) and p.requires_grad for p in flat) and torch.is_grad_enabled():
         ctl = {"residual": residual, "jacobian": jacobian, "params": params, "linear_solver": linear_solver,
-               "backend": backend, "comm": comm, "rebuild": rebuild}
+               "backend": backend, "comm": comm, "rebuild": rebuild,
+               "failed": None if info.converged else info.reason}
         u = _ImplicitFunction.apply(u.detach(), ctl, *flat)
     return (u, info) if return_info else u
