@@ -16,7 +16,6 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 import torch
 from mpi4py import MPI
 
