@@ -24,8 +24,10 @@ preconditioner set-up), ``slaSolveVerify`` (true-residual check), ``slaAdjoint``
 
 Every stage and event is registered here, at import (which is collective: every
 rank imports slasolve), in one fixed order, so the ids agree across ranks as
-``-log_view``'s reductions need. Stage push / pop happen only inside collective
-calls, in the same order on every rank. Without petsc4py all of this is a no-op.
+``-log_view``'s reductions need (PETSc matches stages and events across ranks by
+id). Push / pop and begin / end are local calls, made inside slasolve's collective
+functions; a stage used on some ranks only (a one-rank solve of a local matrix under
+``mpirun``) is reported as such. Without petsc4py all of this is a no-op.
 
 Cost: an event begin/end pair is ~0.2 us in petsc4py whether logging is on or off;
 :class:`phase` adds two ``perf_counter`` calls (~1 us in all).
@@ -103,7 +105,7 @@ _depth = [0]   # slasolve stages currently open (only the outermost is pushed)
 
 class Stage:
     """Local. A registered PETSc log stage; ``with st:`` pushes it unless a slasolve stage
-    is already open. Must be used in the same order on every rank (collective callers)."""
+    is already open (local; slasolve uses it inside its collective functions)."""
 
     __slots__ = ("name", "petsc", "_pushed")
 
