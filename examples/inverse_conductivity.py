@@ -171,7 +171,8 @@ def main(argv=None, comm=None) -> dict:
                                dict(pc=args.pc, rtol=args.rtol, backend=args.backend))
     s, e = prob.cell_range
     say(f"slasolve inverse conductivity: {args.n} x {args.n} box, {prob.n_cells} cells, {size} rank(s), "
-        f"{args.optimizer}, alpha {args.alpha:g}, noise {args.noise:g}")
+        f"{args.optimizer}, alpha {args.alpha:g}, noise {args.noise:g}, cg + {prob.solve_opts['pc']} "
+        f"({args.backend or slasolve.krylov.default_backend()} backend)")
     if args.optimizer == "lbfgs":
         # replicated parameters: L-BFGS's dot products and line search then agree on every rank
         param = torch.zeros(prob.n_cells, dtype=torch.float64, requires_grad=True)

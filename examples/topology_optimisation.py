@@ -210,7 +210,8 @@ def main(argv=None, comm=None) -> dict:
                solve_opts=dict(method=args.solver, pc=args.pc, rtol=args.rtol, backend=args.backend))
     if say:
         say(f"slasolve topology optimisation: MBB {args.nelx} x {args.nely}, volfrac {args.volfrac}, "
-            f"penal {args.penal}, rmin {args.rmin:g}, {size} rank(s), {args.solver} + {prob.solve_opts['pc']}")
+            f"penal {args.penal}, rmin {args.rmin:g}, {size} rank(s), {args.solver} + {prob.solve_opts['pc']} "
+            f"({args.backend or slasolve.krylov.default_backend()} backend)")
     x, history = optimise(prob, args.volfrac, args.iters, args.tol, say)
     xphys = prob.physical(x).detach()
     if args.png:

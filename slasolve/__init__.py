@@ -22,13 +22,18 @@ import warnings as _warnings
 _warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 _warnings.filterwarnings("ignore", message="Sparse BSR tensor support is in beta")
 
-from . import _process  # noqa: E402
+try:
+    from . import _process  # noqa: E402  (loads the MPI library, through mpi4py)
 
-# PETSc's start-up is collective: do it here, where every rank is, never lazily on a
-# code path that one rank may leave early (and pass the command line to PETSc).
-_process.init_petsc()
+    # PETSc's start-up is collective: do it here, where every rank is, never lazily on a
+    # code path that one rank may leave early (and pass the command line to PETSc).
+    _process.init_petsc()
+except (ImportError, OSError, RuntimeError) as _exc:  # a broken install: say what and how to fix it
+    from .config import import_failed as _import_failed
+    _import_failed(_exc)            # raises (python -m slasolve: prints the report, exits 1)
 
 from ._process import abort_on_unhandled_exception, parse_args  # noqa: E402
+from .config import show_config  # noqa: E402
 from .autograd import global_sum  # noqa: E402
 from .dsparse import DSparseTensor  # noqa: E402
 from .eigen import EigenConvergenceError, EigenInfo, eigsh  # noqa: E402
@@ -51,7 +56,7 @@ __all__ = [
     "ConvergenceError", "nonlinear_solve", "NonlinearInfo", "NonlinearConvergenceError", "eigsh", "EigenInfo",
     "EigenConvergenceError", "abort_on_unhandled_exception",
     "global_sum", "parse_args", "spsolve", "factorized", "Factorization", "FactorizationInfo",
-    "FactorizationError",
+    "FactorizationError", "show_config",
 ]
 
 

@@ -32,6 +32,17 @@ def pytest_configure(config):
         os.environ["SLASOLVE_PROPERTY_SEED"] = str(config.getoption("--property-seed"))
 
 
+def pytest_collection_modifyitems(config, items):
+    # tests marked `petsc` need petsc4py (a pip-only install has none: they skip, with the reason)
+    marked = [item for item in items if item.get_closest_marker("petsc") is not None]
+    if marked:
+        from slasolve.krylov import default_backend
+        if default_backend() != "petsc":
+            skip = pytest.mark.skip(reason="needs petsc4py (not installed: torch backend only)")
+            for item in marked:
+                item.add_marker(skip)
+
+
 @pytest.fixture
 def comm():
     from mpi4py import MPI

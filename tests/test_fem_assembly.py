@@ -64,6 +64,7 @@ def assert_close_sparse(A, R, tol=1e-12):
     assert (abs(D).max() if D.nnz else 0.0) <= tol * scale
 
 
+@pytest.mark.petsc  # checks the PETSc Mat the layout keeps (A.to_petsc())
 @pytest.mark.parametrize("cell,n", CASES)
 def test_scalar_stiffness_mass_load(cell, n):
     mesh = box_mesh(n, cell=cell, comm=COMM)
@@ -101,6 +102,7 @@ def test_scalar_stiffness_mass_load(cell, n):
     assert abs(COMM.allreduce(float(b3.sum())) - 1.0) < 1e-12       # ∫ 1 over the unit box
 
 
+@pytest.mark.petsc  # checks the PETSc Mat the layout keeps (A.to_petsc())
 @pytest.mark.parametrize("cell,n", CASES)
 def test_elasticity_block(cell, n):
     mesh = box_mesh(n, cell=cell, comm=COMM)

@@ -36,9 +36,9 @@ def serial_reference(result):
 
 # (problem, dim, cell, levels, pc)
 CONVERGENCE = [
-    ("poisson", 2, "triangle", (8, 16, 32), "gamg"),
-    ("poisson", 2, "quad", (8, 16, 32), "gamg"),
-    ("poisson", 3, "tetra", (4, 8, 16), "gamg"),
+    pytest.param("poisson", 2, "triangle", (8, 16, 32), "gamg", marks=pytest.mark.petsc),
+    pytest.param("poisson", 2, "quad", (8, 16, 32), "gamg", marks=pytest.mark.petsc),
+    pytest.param("poisson", 3, "tetra", (4, 8, 16), "gamg", marks=pytest.mark.petsc),
     ("elasticity", 2, "triangle", (8, 16, 32), "jacobi"),
 ]
 
@@ -59,6 +59,7 @@ def test_manufactured_convergence(problem, dim, cell, levels, pc):
     assert np.abs(u - u_ref).max() <= 1e-8 * np.abs(u_ref).max()
 
 
+@pytest.mark.petsc  # manufactured_solve's default pc: gamg
 def test_3d_elasticity_and_hexahedra_converge():
     r1, r2 = (manufactured_solve("elasticity", n, 3, "tetra", COMM, pc="jacobi") for n in (4, 8))
     assert convergence_rates([r1.error_l2, r2.error_l2], [r1.h, r2.h])[0] > 1.6
