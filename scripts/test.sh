@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: serial, then under mpirun -n 2 and -n 4 (tests marked mpi) and
 # mpirun -n 3 (the property tests, so they run at 1, 2, 3 and 4 ranks), each under a timeout.
-# Then the HTML docs with warnings as errors (SLASOLVE_SKIP_DOCS=1 skips them).
+# Then the HTML docs with warnings as errors (SLASOLVE_SKIP_DOCS=1 skips them), and the
+# pip-only install check, scripts/test_pip_only.sh (SLASOLVE_SKIP_PIP_ONLY=1 skips it).
 # Usage: bash scripts/test.sh [--property-full] [extra pytest args]
 #   --property-full (or SLASOLVE_PROPERTY_FULL=1): the full property set, many hypothesis
 #   examples per property with shrinking, instead of the CI slice (docs/testing.md);
@@ -45,6 +46,13 @@ if [ "${SLASOLVE_SKIP_DOCS:-0}" = "0" ]; then
   else
     status=1; echo "docs: sphinx, numpydoc or myst-parser missing: pip install -e '.[docs]' (or SLASOLVE_SKIP_DOCS=1)"
   fi
+fi
+if [ "${SLASOLVE_SKIP_PIP_ONLY:-0}" = "0" ]; then
+  # a venv without system packages: pip install .[mpi,test,examples] (mpich wheel, no PETSc),
+  # tests that need no PETSc, examples, notebook, mpiexec -n 2 (README "pip-only install")
+  echo "== pip-only install (scripts/test_pip_only.sh; SLASOLVE_SKIP_PIP_ONLY=1 skips it)"
+  timeout "${SLASOLVE_PIP_ONLY_TIMEOUT:-2400}" bash "$here/scripts/test_pip_only.sh" || {
+    status=1; echo "pip-only install checks failed"; }
 fi
 if [ $status -eq 0 ]; then echo "all test runs passed"; else echo "some test runs FAILED"; fi
 exit $status
