@@ -97,12 +97,12 @@ def _resolve_relative(app, env, node, contnode):
         candidates = [n for n in objects if n.endswith("." + t)]
         if len(candidates) == 1:
             break
-    if len(candidates) != 1 and "." in target and node["reftype"] != "mod":
+    if len(candidates) != 1 and node["reftype"] != "mod":
         # the object the name means, absolute or relative to the enclosing packages
         mod = (node.get("py:module") or "").split(".")
         paths = [target] + [".".join(mod[:i] + [target]) for i in range(len(mod), 0, -1)]
         obj = next((o for o in map(_import_object, paths) if o is not None), None)
-        last = target.rsplit(".", 1)[1]
+        last = target.rsplit(".", 1)[-1]
         if obj is not None:
             candidates = [n for n in objects if n.rsplit(".", 1)[-1] == last and _import_object(n) is obj]
     if len(candidates) != 1:
