@@ -75,8 +75,12 @@ def test_events_counted_in_their_stages():
     slasolve.solve(dA.with_values(2 * v.detach()), b, "gmres", pc="jacobi", rtol=1e-8,
                    petsc_options={"ksp_type": "gmres"})      # same solver, new values: refill
     dE = distribute(poisson_matrix((12, 11)).tocsr(), COMM)     # simple extreme eigenvalues
-    w, _ = slasolve.eigsh(dE.with_values(dE.values.clone().requires_grad_()), k=2, which="LA", backend="slepc")
+    w, _, einfo = slasolve.eigsh(dE.with_values(dE.values.clone().requires_grad_()), k=2, which="LA",
+                                 backend="slepc", return_info=True)
+    assert "backward" not in einfo.times
+    t0 = time.perf_counter()
     w.sum().backward()
+    assert 0 < einfo.times["backward"] <= time.perf_counter() - t0
     mesh = box_mesh(6, cell="triangle", comm=COMM)
     V = Assembler(mesh)
     V.stiffness()
@@ -177,6 +181,7 @@ def test_eigsh_times(backend, kw):
     assert all(val >= 0 for val in t.values()) and t["solve"] > 0
     assert _phase_sum(t) <= t["total"] * (1 + 1e-9) and t["total"] <= wall
     assert ("verify" in t) == (info.verify_rounds > 0)
+    assert "backward" not in t
     if backend == "slepc":
         assert "refill" in t or "setup" in t
 

@@ -113,9 +113,12 @@ class EigshFunction(torch.autograd.Function):
                 "implemented; the result would silently miss the eigenvalue/eigenvector Hessian")
         st = ctx.state
         w, V = ctx.saved_tensors
-        with torch.no_grad():
+        with torch.no_grad(), _log.collect() as times:
             gA, gM = _eig_value_grads(st, w, V, gw, gV, ctx.needs_input_grad[0],
                                       ctx.has_M and ctx.needs_input_grad[1])
+        info = getattr(st, "info", None)     # the forward's EigenInfo (eigsh sets it)
+        if info is not None:
+            info.times["backward"] = info.times.get("backward", 0.0) + times["total"]
         return gA, gM, None, None, None
 
 

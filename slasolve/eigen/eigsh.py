@@ -335,6 +335,7 @@ def _eigsh(A, k, M, which, sigma, v0, tol, maxiter, backend, method, ncv, pc, re
 
     if needs_grad:
         state = _State(dA0, dM0, grad_rtol, grad_maxiter, degenerate_rtol, w_next=w_next)
+        state.info = info      # the backward adds info.times["backward"]
         w, V = EigshFunction.apply(dA.values, dM.values if dM is not None else None, w, V, state)
     if return_info:
         return w, V, info

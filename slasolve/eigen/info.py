@@ -56,8 +56,10 @@ class EigenInfo:
         ``"setup"`` (EPS / preconditioner / shift-invert set-up, PETSc Mat creation),
         ``"refill"`` (values into the cached PETSc Mats), ``"solve"`` (the first
         eigensolve), ``"verify"`` (the multiplicity verification), ``"post"``
-        (M-orthonormalisation, signs, explicit residuals) and ``"total"`` (the
-        whole call; the phases add up to at most it). Empty for the bare kernels.
+        (M-orthonormalisation, signs, explicit residuals), ``"halo"`` (halo
+        exchanges outside those phases) and ``"total"`` (the whole call; the phases
+        add up to at most it). A backward pass through the eigenpairs adds
+        ``"backward"`` (its seconds; not part of ``"total"``). Empty for the bare kernels.
     """
 
     converged: int
