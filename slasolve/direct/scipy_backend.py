@@ -66,6 +66,7 @@ class SuperLUFactor:
         if dA.comm.Get_size() != 1:
             raise ValueError("the scipy (SuperLU) direct solver runs on one rank only")
         self.comm = dA.comm
+        self.requested = factorization
         self.lu = None
         self.snapshot = None
         self.kind = "lu"
@@ -83,6 +84,12 @@ class SuperLUFactor:
         if not bool(torch.isfinite(vals).all()):
             raise ValueError("A has NaN or infinite values: cannot factorise")
         C = sp.csr_matrix(dA.local.detach().to(torch.float64).to_scipy("csr"))
+        if self.requested == "cholesky":  # served by LU, but the request must make sense
+            sym = (C != C.T).nnz == 0
+            self.info.symmetric = bool(sym)
+            if not sym:
+                raise ValueError("factorization='cholesky' needs an exactly symmetric matrix; A is not "
+                                 "symmetric (use factorization='lu' or None)")
         t0 = time.perf_counter()
         # equilibrate (B = D_r A D_c, rows then columns of largest magnitude 1) so that the
         # pivot test below is scale-free: diag(1, 1e-20) is not "singular"
