@@ -222,7 +222,7 @@ def test_gradcheck(comm, backend):
     loss = _loss_fn(P, backend, False, rtol=1e-13)
     assert torch.autograd.gradcheck(loss, (fg, c, a), eps=1e-6, atol=1e-6, rtol=1e-4)
     loss_mf = _loss_fn(P, backend, True, rtol=1e-13)
-    assert torch.autograd.gradcheck(lambda f: loss_mf(f, c.detach(), a.detach()), (fg,), eps=1e-6,
+    assert torch.autograd.gradcheck(lambda c: loss_mf(fg.detach(), c, a.detach()), (c,), eps=1e-6,
                                     atol=1e-5, rtol=1e-3)
 
 

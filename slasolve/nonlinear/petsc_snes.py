@@ -80,20 +80,34 @@ def _configure_ksp(ksp, ls: dict, comm_size: int, n_global: int, matrix_free: bo
 class _Callbacks:
     """SNES function / Jacobian / monitor callbacks (state per solve)."""
 
-    def __init__(self, prob, dtype, Jmat, progress, callback, snes_holder):
+    def __init__(self, prob, dtype, Jmat, progress, callback, u0, r0, J0):
         self.prob, self.dtype, self.Jmat = prob, dtype, Jmat
         self.error = None
         self.hist, self.lits = [], []
         self._last_lits = 0
         self.progress, self.callback = progress, callback
-        self.snes = snes_holder
+        # F(u0) and J(u0), already evaluated: used once each when SNES asks at exactly u0
+        self.u0, self.r0, self.J0 = u0, r0, J0
 
     def _u(self, X) -> torch.Tensor:
         return torch.from_numpy(X.getArray(readonly=True).copy()).to(self.dtype)
 
+    def _at_u0(self, u, first) -> bool:
+        """Collective (one small Allreduce) when ``first`` is pending: is u == u0 on every rank?"""
+        if first is None:
+            return False
+        from .._comm import allreduce_max
+        differs = not torch.equal(u, self.u0)
+        return not bool(allreduce_max(self.prob.comm, torch.tensor([float(differs)]))[0])
+
     def function(self, snes, X, F) -> None:
+        u = self._u(X)
         try:
-            r = self.prob.residual(self._u(X))
+            if self._at_u0(u, self.r0):
+                r, self.r0 = self.r0, None
+            else:
+                self.r0 = None
+                r = self.prob.residual(u)
         except Exception as e:  # a collective check (raised on every rank) or the user's error
             self.error = self.error or e
             raise
@@ -101,8 +115,13 @@ class _Callbacks:
 
     def jacobian(self, snes, X, J, P) -> None:
         from ..petsc import fill_petsc_mat
+        u = self._u(X)
         try:
-            dJ = self.prob.jacobian(self._u(X))
+            if self._at_u0(u, self.J0):
+                dJ, self.J0 = self.J0, None
+            else:
+                self.J0 = None
+                dJ = self.prob.jacobian(u)
         except Exception as e:
             self.error = self.error or e
             raise
@@ -139,11 +158,12 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
     F = X.duplicate()
     X.setArray(u0.detach().to(torch.float64).cpu().numpy())
     snes = PETSc.SNES().create(comm=comm)
-    Jmat = None
+    Jmat = J0 = None
     if use_jacobian:
-        # the pattern comes from the Jacobian at u0 (one extra collective evaluation)
-        Jmat = _create(prob.jacobian(u0.detach()).to(torch.float64), "aij")
-    cb = _Callbacks(prob, u0.dtype, Jmat, progress, callback, snes)
+        # the Mat's pattern comes from the Jacobian at u0 (handed to SNES's first Jacobian call)
+        J0 = prob.jacobian(u0.detach())
+        Jmat = _create(J0.to(torch.float64), "aij")
+    cb = _Callbacks(prob, u0.dtype, Jmat, progress, callback, u0.detach(), r0, J0)
     try:
         if options_prefix:
             snes.setOptionsPrefix(options_prefix)

@@ -307,7 +307,7 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
               progress=progress)
     if backend == "petsc":
         from .petsc_snes import snes_solve
-        u, info = snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix, **kw)
+        u, info = snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix, r0=r0, **kw)
     else:
         from .torch_newton import newton
         u, info = newton(prob, u0, r0=r0, **kw)
