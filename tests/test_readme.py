@@ -2,8 +2,8 @@
 
 The python block under that heading is extracted from README.md, followed by checks
 against SciPy/LAPACK references (computed here from scratch on every rank) and run
-as a script: with plain ``python`` (one rank) and under ``mpirun -n 2``, each under a
-timeout. The tests themselves are serial (not marked mpi): each launches its own job.
+as a script: with plain ``python`` (one rank), under ``mpirun -n 2``, and on one rank
+with petsc4py hidden (the native torch backend), each under a timeout. The tests themselves are serial (not marked mpi): each launches its own job.
 """
 import os
 import re
@@ -83,9 +83,9 @@ def _env():
     return env
 
 
-def _run(tmp_path, nranks: int, timeout: int = 180):
+def _run(tmp_path, nranks: int, timeout: int = 180, prelude: str = "", epilogue: str = ""):
     script = tmp_path / "minute.py"
-    script.write_text(readme_snippet() + CHECKS)
+    script.write_text(prelude + readme_snippet() + CHECKS + epilogue)
     cmd = [sys.executable, str(script)]
     if nranks > 1:
         cmd = [MPIRUN, "--oversubscribe", "--bind-to", "none", "-n", str(nranks)] + cmd
@@ -95,6 +95,7 @@ def _run(tmp_path, nranks: int, timeout: int = 180):
     assert out.returncode == 0, f"README snippet failed at {nranks} rank(s) (exit {out.returncode}):\n{text[-4000:]}"
     for r in range(nranks):
         assert f"README OK rank {r}/{nranks}" in text, text[-4000:]
+    return text
 
 
 def test_snippet_is_extracted():
@@ -111,3 +112,20 @@ def test_readme_minute_one_rank(tmp_path):
 @pytest.mark.skipif(MPIRUN is None, reason="needs mpirun")
 def test_readme_minute_two_ranks(tmp_path):
     _run(tmp_path, 2)
+
+
+# the pip-only path: "import petsc4py" fails as if not installed (tests/test_no_petsc.py)
+NO_PETSC = """import sys
+sys.modules["petsc4py"] = None
+sys.modules["slepc4py"] = None
+"""
+TORCH_BACKEND = """
+import slasolve.krylov
+print("default backend:", slasolve.krylov.default_backend(), flush=True)
+"""
+
+
+def test_readme_minute_without_petsc(tmp_path):
+    """Without petsc4py the same block runs on the native torch backend (README: notebooks, laptops)."""
+    text = _run(tmp_path, 1, prelude=NO_PETSC, epilogue=TORCH_BACKEND)
+    assert "default backend: torch" in text, text[-2000:]
