@@ -226,6 +226,19 @@ def test_backward_reuses_factors(comm):
             c1 = counts()
             assert c1["MatLUFactorNum"] == c0["MatLUFactorNum"]
             assert c1["MatSolveTranspos"] - c0["MatSolveTranspos"] == 1
+        # the same through spsolve (its factorisation is cached on the layout)
+        A2 = dA.with_values(v)
+        x = spsolve(A2, b, backend=backend)
+        cached = [f for f in dA._layout.direct_cache.values() if f.backend == ("petsc" if backend == "petsc"
+                                                                                  else "scipy")]
+        assert len(cached) == 1
+        n0, t0 = cached[0].info.numeric_factorizations, cached[0].info.transpose_solves
+        c0 = counts() if counts else None
+        slasolve.global_sum((x * x).sum()).backward()
+        assert cached[0].info.numeric_factorizations == n0
+        assert cached[0].info.transpose_solves == t0 + 1
+        if counts:
+            assert counts()["MatLUFactorNum"] == c0["MatLUFactorNum"]
         # values changed in place between forward and backward: torch's error, no silent gradient
         x = F(b)
         with torch.no_grad():
