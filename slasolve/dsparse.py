@@ -492,6 +492,8 @@ class DSparseTensor:
             Owned columns (the rows of ``x`` this rank holds); default: the same
             as the owned rows for a square matrix, PETSc's split otherwise.
 
+        Notes
+        -----
         Memory per rank is O(local rows + ghosts + local nonzeros).
 
         Examples
