@@ -158,6 +158,24 @@ def test_public_docstrings_say_collective_or_local():
     assert not bad, f"docstrings that do not start with 'Collective.' or 'Local.': {bad}"
 
 
+def test_numpydoc_parameters_parse():
+    """numpydoc reads every Parameters entry as ``name[, name...] : type``: a stray paragraph
+    inside the section (it renders as a parameter) or ``name: type`` (no space) fails here."""
+    pytest.importorskip("numpydoc")
+    import inspect
+    import warnings
+    from numpydoc.docscrape import ClassDoc, FunctionDoc
+    ident = re.compile(r"^\*{0,2}[A-Za-z_]\w*(\s*,\s*\*{0,2}[A-Za-z_]\w*)*$")
+    bad = []
+    for name, f in _public_callables():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            doc = ClassDoc(f) if inspect.isclass(f) else FunctionDoc(f)
+        bad += [f"{name}: {w.message}" for w in caught]
+        bad += [f"{name}: parameter {p.name!r}" for p in doc["Parameters"] if not ident.match(p.name.strip())]
+    assert not bad, "docstrings numpydoc misreads:\n" + "\n".join(bad)
+
+
 # --------------------------------------------------------------------------- links
 def _markdown_files():
     return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
