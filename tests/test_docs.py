@@ -176,6 +176,22 @@ def test_numpydoc_parameters_parse():
     assert not bad, "docstrings numpydoc misreads:\n" + "\n".join(bad)
 
 
+def test_api_reference_covers_the_public_api():
+    """Every name in ``slasolve.__all__`` has an autodoc directive in docs/api/slasolve.rst,
+    and every public module has a page (the other pages use ``automodule :members:``, which
+    follows the module's ``__all__``)."""
+    import slasolve
+    with open(os.path.join(ROOT, "docs", "api", "slasolve.rst")) as fh:
+        rst = fh.read()
+    documented = set(re.findall(r"^\.\. auto(?:function|class|exception|data)::\s+(?:slasolve\.)?(\w+)\s*$",
+                                rst, flags=re.M))
+    missing = sorted(set(slasolve.__all__) - documented)
+    assert not missing, f"add to docs/api/slasolve.rst: {missing}"
+    pages = "".join(open(p).read() for p in glob.glob(os.path.join(ROOT, "docs", "api", "*.rst")))
+    for mod in ("slasolve.fem", "slasolve.partition", "slasolve.petsc", "slasolve.testing", "slasolve.linalg"):
+        assert f".. automodule:: {mod}\n   :members:" in pages, mod
+
+
 # --------------------------------------------------------------------------- links
 def _markdown_files():
     return [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
