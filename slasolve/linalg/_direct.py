@@ -116,6 +116,11 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, comm: Optional[MPI.Comm]
     else:
         dA, r0, r1, counts = A.astype(dt), 0, M, [M]
     tdt = torch.float32 if dt == np.float32 else torch.float64
+    # every rank holds A here: decide LU / Cholesky from it (slasolve.spsolve's own test,
+    # MatIsSymmetric on a distributed nonsymmetric Mat, crashed at 2 ranks: see the issue note)
+    fact = None
+    if not rows_mode:
+        fact = "cholesky" if (A - A.T).count_nonzero() == 0 else "lu"
     # an all-zero matrix is singular (MUMPS refuses nnz = 0 with another error code)
     if rows_mode:
         zero = float(dA.values.detach().abs().max()) == 0.0 if dA.values.numel() else True
@@ -135,7 +140,7 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, comm: Optional[MPI.Comm]
             return gather_rows(xn, counts, ccomm) if replicated else xn
         try:
             with torch.no_grad():
-                x = _spsolve(dA, bt, backend=backend)
+                x = _spsolve(dA, bt, backend=backend, factorization=fact)
         except FactorizationError as e:
             if not _is_singular(e):
                 raise
