@@ -280,3 +280,31 @@ def test_spsolve_and_eigsh_distributed(comm):
     w2, V2 = L.eigsh(dS, 3, which="SA")
     np.testing.assert_allclose(w2, w, rtol=1e-10)
     assert V2.shape == (e - a, 3)
+
+
+NO_PETSC = """
+import sys, warnings
+sys.modules["petsc4py"] = None      # as if not installed
+sys.modules["slepc4py"] = None
+import numpy as np, scipy.sparse as sp, scipy.sparse.linalg as ssl
+import slasolve.linalg as L
+assert "petsc4py.PETSc" not in sys.modules
+A = sp.diags([-1.5, 3.0, -0.5], [-1, 0, 1], shape=(20, 20), format="csr")
+S = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(20, 20), format="csr")
+b = np.arange(20.0)
+ref = ssl.spsolve(A.tocsc(), b)
+for f, M in ((L.gmres, A), (L.bicgstab, A), (L.cg, S), (L.minres, S)):
+    x, info = f(M, b, tol=1e-10) if f is L.minres else f(M, b, tol=1e-10, atol=0)
+    assert info == 0 and np.linalg.norm(M @ x - b) <= 1e-10 * np.linalg.norm(b) * 1.01, f
+assert np.allclose(L.spsolve(A, b), ref, rtol=1e-12)
+w, V = L.eigsh(S, 3, which="SA")
+assert np.allclose(w, np.linalg.eigvalsh(S.toarray())[:3], rtol=1e-9)
+print("ok")
+"""
+
+
+def test_without_petsc4py():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", NO_PETSC], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
