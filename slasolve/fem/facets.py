@@ -223,7 +223,7 @@ def boundary_facets(mesh: Union[Mesh, Assembler], where: Where = None) -> Bounda
             raise ValueError(f"where must return a ({F * nfv},) bool tensor for {F * nfv} points, got "
                              f"{k.dtype} of shape {tuple(k.shape)}")
         keep = k.reshape(F, nfv).all(1)
-    except (ValueError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - a user predicate may raise anything; raised on every rank
         err = e
     check_collective(mesh.comm, err)
     return facets.select(keep)
@@ -234,8 +234,10 @@ def _facet_values(g, facets: BoundaryFacets, xq: torch.Tensor, N: torch.Tensor, 
     """Values of ``g`` at the facet quadrature points, ``(F, nq, bs)``."""
     F, nq = xq.shape[0], xq.shape[1]
     nfv = facets.vertices.shape[1]
-    if callable(g) and not isinstance(g, torch.Tensor):
-        v = g(xq.reshape(F * nq, -1))
+    if callable(g) and not isinstance(g, torch.Tensor) and F == 0:
+        v = xq.new_zeros((0, nq, bs))                     # g is not called without points
+    elif callable(g) and not isinstance(g, torch.Tensor):
+        v = g(xq.reshape(F * nq, xq.shape[-1]))
         v = torch.as_tensor(np.asarray(v), dtype=dtype, device=device) if not isinstance(v, torch.Tensor) \
             else v.to(dtype=dtype, device=device)
         if v.numel() != F * nq * bs or (v.dim() > 0 and v.shape[0] != F * nq):
@@ -319,7 +321,7 @@ def neumann_load(space: Assembler, g=1.0, where: Where = None, *,
         if not isinstance(facets, BoundaryFacets) or facets.cell_type != space.cell:
             raise TypeError("facets must be the BoundaryFacets of this space's mesh")
         be = neumann_element_vectors(space, g, facets)
-    except (ValueError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - a user callable may raise anything; raised on every rank
         err = e
     check_collective(space.comm, err)
     return space.assemble_vector(be, check=False)

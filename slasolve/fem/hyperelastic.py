@@ -25,6 +25,7 @@ differentiable in ``u``, ``μ``, ``λ`` and tensor-valued loads).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Union
 
 import torch
@@ -85,18 +86,29 @@ class NeoHookean(NonlinearProblem):
         Default Lamé parameters (override per call: ``residual(u, mu, lmbda)``).
     body_force : optional, anything :meth:`Assembler.load` accepts (per reference volume)
     traction : optional ``(t, where)`` or a list of them (see :class:`NonlinearProblem`)
+    block_jacobian : bool (see :class:`NonlinearProblem`)
+    on_inversion : {"nan", "raise"}
+        What ``residual`` (and ``energy``) do at a displacement with ``det F <= 0`` at some
+        quadrature point on some rank: ``"nan"`` (default) returns an all-NaN residual on
+        every rank (``energy``: ``+inf``), so that a line search backtracks from an
+        overshooting trial step (``nonlinear_solve``'s torch backend and PETSc's line
+        searches do) and a converged result can never contain one; ``"raise"`` raises
+        ``ValueError`` on every rank. ``jacobian`` always raises (Newton only linearises at
+        accepted, non-inverted iterates).
 
     ``residual(u, mu=None, lmbda=None)`` and ``jacobian(u, mu=None, lmbda=None)`` follow
-    the ``nonlinear_solve(residual, u0, *params, jacobian=...)`` convention. A
-    deformation with ``det F <= 0`` at a quadrature point raises ``ValueError`` on every
-    rank (Newton from a bad start; use load stepping).
+    the ``nonlinear_solve(residual, u0, *params, jacobian=...)`` convention.
     """
 
     def __init__(self, space: Assembler, bc: Optional[DirichletBC] = None, mu=1.0, lmbda=1.0,
-                 body_force=None, traction=None):
+                 body_force=None, traction=None, *, block_jacobian: bool = False, on_inversion: str = "nan"):
         check_collective(space.comm, None if isinstance(space, Assembler) and space.bs == space.dim else
                          ValueError("NeoHookean needs a vector space (block_size = mesh.dim)"))
-        super().__init__(space, bc, body_force, traction)
+        check_collective(space.comm, None if on_inversion in ("nan", "raise") else
+                         ValueError(f"on_inversion must be 'nan' or 'raise', got {on_inversion!r}"),
+                         agree={"on_inversion": on_inversion})
+        super().__init__(space, bc, body_force, traction, block_jacobian=block_jacobian)
+        self.on_inversion = on_inversion
         self.mu, self.lmbda = mu, lmbda
 
     def deformation_gradient(self, u: torch.Tensor) -> torch.Tensor:
@@ -105,18 +117,23 @@ class NeoHookean(NonlinearProblem):
         H = torch.einsum("evi,eqvJ->eqiJ", ue, self.G)
         return H + torch.eye(self.space.dim, dtype=H.dtype, device=H.device)
 
-    def _F_checked(self, u):
+    def _F_checked(self, u, raise_on_inverted: bool = True):
+        """Collective. ``(F, inverted)``: ``inverted`` is True on every rank when some rank has
+        ``det F <= 0`` at a quadrature point (then ``ValueError`` on every rank if asked)."""
         F = self.deformation_gradient(u)
-        err = None
         with torch.no_grad():
             J = _el._det(F)
             bad = int((J <= 0).sum())
+            jmin = float(J.min()) if J.numel() else math.inf
+        err = None
         if bad:
-            err = ValueError(f"{bad} quadrature point(s) with det F <= 0 (min {float(J.min()):.3e}): "
+            err = ValueError(f"{bad} quadrature point(s) with det F <= 0 (min {jmin:.3e}): "
                              "the displacement inverts elements")
-        check_collective(self.comm, err)
-        return F
-
+        if raise_on_inverted:
+            check_collective(self.comm, err)
+            return F, False
+        n_bad = self.comm.allreduce(bad) if self.comm.Get_size() > 1 else bad
+        return F, n_bad > 0
     def _params(self, mu, lmbda):
         return self._param("mu", mu, self.mu), self._param("lmbda", lmbda, self.lmbda)
 
@@ -125,7 +142,9 @@ class NeoHookean(NonlinearProblem):
         """Collective. Owned rows of internal minus external forces (Dirichlet rows ``u - g``)."""
         self._check_u(u)
         m, l = self._params(mu, lmbda)
-        F = self._F_checked(u)
+        F, inverted = self._F_checked(u, self.on_inversion == "raise")
+        if inverted:
+            return torch.full_like(u, math.nan)
         nq = F.shape[1]
         P = neo_hookean_stress(F, m[:, None].expand(-1, nq), l[:, None].expand(-1, nq))
         re = torch.einsum("eq,eqiJ,eqvJ->evi", self.wdet, P, self.G)
@@ -137,7 +156,7 @@ class NeoHookean(NonlinearProblem):
         self._check_u(u)
         m, l = self._params(mu, lmbda)
         with torch.no_grad():
-            F = self._F_checked(u.detach())
+            F, _ = self._F_checked(u.detach())
             nq = F.shape[1]
             A = neo_hookean_tangent(F, m.detach()[:, None].expand(-1, nq), l.detach()[:, None].expand(-1, nq))
             E, nv, d = F.shape[0], self.space.nv, self.space.dim
@@ -152,7 +171,9 @@ class NeoHookean(NonlinearProblem):
         self._check_u(u)
         m, l = self._params(mu, lmbda)
         ul = self.lift(u)
-        F = self._F_checked(u)
+        F, inverted = self._F_checked(u, self.on_inversion == "raise")
+        if inverted:
+            return torch.full((), math.inf, dtype=u.dtype, device=u.device)
         nq = F.shape[1]
         Wq = neo_hookean_energy(F, m[:, None].expand(-1, nq), l[:, None].expand(-1, nq))
         e = (self.wdet * Wq).sum()

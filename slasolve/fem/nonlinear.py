@@ -69,9 +69,15 @@ class NonlinearProblem:
         (``where`` as in :func:`~slasolve.fem.boundary_facets`, ``None`` for the whole
         boundary; ``where`` may also be a :class:`BoundaryFacets`); ``g`` as in
         :func:`~slasolve.fem.neumann_load`.
+    block_jacobian : bool
+        Vector spaces: return the tangent as a block (BSR, ``(bs, bs)`` blocks)
+        DSparseTensor on the Assembler's layout instead of the default scalar (AIJ) one on
+        a scalar layout built at the first call (:func:`slasolve.nonlinear_solve` takes
+        scalar Jacobians).
     """
 
-    def __init__(self, space: Assembler, bc: Optional[DirichletBC] = None, source=None, neumann=None):
+    def __init__(self, space: Assembler, bc: Optional[DirichletBC] = None, source=None, neumann=None, *,
+                 block_jacobian: bool = False):
         err = None
         if not isinstance(space, Assembler):
             err = TypeError(f"space must be an Assembler, got {type(space).__name__}")
@@ -82,6 +88,8 @@ class NonlinearProblem:
         self.comm = space.comm
         self.bc = bc
         self.source = source
+        self.block_jacobian = bool(block_jacobian)
+        self._scalar_template = None
         terms = [] if neumann is None else ([neumann] if isinstance(neumann, tuple) else list(neumann))
         self._neumann = []
         for g, where in terms:
@@ -119,6 +127,21 @@ class NonlinearProblem:
             f = self.source
             if isinstance(f, (list, tuple)):
                 f = torch.as_tensor(f, dtype=sp.dtype, device=sp.device)
+            elif callable(f) and not isinstance(f, torch.Tensor):
+                # evaluate the callable here: whatever it raises, on any rank, is raised on every rank
+                err, vals = None, None
+                try:
+                    v = f(sp.mesh.node_coords.to(sp.device))
+                    v = v if isinstance(v, torch.Tensor) else torch.as_tensor(v)
+                    n = sp.mesh.node_ids.shape[0]
+                    if v.numel() != n * sp.bs:
+                        raise ValueError(f"source(x) must return ({n},)" + ("" if sp.bs == 1 else
+                                         f" or ({n}, {sp.bs})") + f" values, got shape {tuple(v.shape)}")
+                    vals = v.to(dtype=sp.dtype, device=sp.device).reshape(n, sp.bs)[sp.local_cells]
+                except Exception as e:  # noqa: BLE001
+                    err = e
+                check_collective(self.comm, err)
+                f = vals
             out = sp.load(f)
         for g, facets in self._neumann:
             b = neumann_load(sp, g, facets=facets)
@@ -140,7 +163,23 @@ class NonlinearProblem:
         K = self.space.assemble_matrix(Ke, check=False)
         if self.bc is not None:
             K, _ = self.bc.apply(K)
+        if self.space.bs > 1 and not self.block_jacobian:
+            K = self._scalar(K)
         return K
+
+    def _scalar(self, K: DSparseTensor) -> DSparseTensor:
+        """Collective (first call). The block tangent as a scalar (AIJ) DSparseTensor on a
+        scalar layout built once (``nonlinear_solve`` takes scalar Jacobians)."""
+        sp = self.space
+        bs = sp.bs
+        if self._scalar_template is None:
+            ps, perm = K.local._pattern.scalar(bs, bs)
+            n = sp.n_global_dofs
+            zeros = torch.zeros(ps.nnz, dtype=K.dtype, device=sp.device)
+            self._scalar_template = (DSparseTensor.from_local_rows(ps.indptr, ps.indices, zeros, (n, n), sp.comm)
+                                     .to(sp.device), perm.to(sp.device))
+        T, perm = self._scalar_template
+        return T.with_values(K.values.reshape(-1)[perm])
 
     def _check_u(self, u) -> None:
         sp = self.space
