@@ -23,8 +23,10 @@ Sections (contenders alternate inside each section, same run):
 6. ``multirhs`` -- ``k`` right-hand sides (default 16) on 2-D Poisson ``--multirhs-nx``
    (default 500, n = 250k): ``solve(A, B)`` with ``B`` of shape ``(n, k)`` (one call)
    vs ``k`` single slasolve solves vs raw PETSc ``KSPMatSolve`` (dense B, X; called
-   through ctypes: petsc4py 3.18 does not wrap it), for CG+GAMG and GMRES+ILU
-   (block Jacobi/ILU with 2+ ranks). Ratios: one call / k calls, one call / raw.
+   through ctypes: petsc4py 3.18 does not wrap it), for CG+GAMG and GMRES+hypre at that
+   size and GMRES+ILU (block Jacobi/ILU with 2+ ranks; hundreds of iterations per column)
+   at ``--multirhs-ilu-nx`` (default 200, n = 40k). Ratios: one call / k calls, one
+   call / raw.
 """
 from __future__ import annotations
 
@@ -290,10 +292,9 @@ class RawMatSolve:
         # the same library petsc4py is linked against (already loaded: dlopen returns it)
         lib = ctypes.CDLL(PETSc.__file__)
         try:
-            self._matsolve = lib.KSPMatSolve
+            self._matsolve = lib.KSPMatSolve  # dlsym searches the module's dependencies (libpetsc)
         except AttributeError:
-            import ctypes.util
-            self._matsolve = ctypes.CDLL("libpetsc_real.so.3.18").KSPMatSolve
+            self._matsolve = ctypes.CDLL("libpetsc_real.so.3.18").KSPMatSolve  # Debian's PETSc 3.18
         self._matsolve.argtypes = [ctypes.c_void_p] * 3
         self._matsolve.restype = ctypes.c_int
 
@@ -305,15 +306,16 @@ class RawMatSolve:
         return self.Xarr
 
 
-def section_multirhs(nx: int, k: int, rtol: float, trials: int) -> list:
-    """k right-hand sides: one slasolve call vs k slasolve calls vs raw KSPMatSolve."""
+def section_multirhs(cases, k: int, rtol: float, trials: int) -> list:
+    """k right-hand sides: one slasolve call vs k slasolve calls vs raw KSPMatSolve, for
+    each ``(method, pc, nx)`` of ``cases``."""
     solve = _solve_fn()
-    dA, _ = build_dpoisson2d(nx, COMM)
-    r0, r1 = dA.row_range
-    B = torch.stack([rhs_local(r1 - r0, r0, seed=j) for j in range(k)], 1).contiguous()
-    A = dA.to_petsc()
     rows = []
-    for method, pc in (("cg", "gamg"), ("gmres", "ilu")):
+    for method, pc, nx in cases:
+        dA, _ = build_dpoisson2d(nx, COMM)
+        r0, r1 = dA.row_range
+        B = torch.stack([rhs_local(r1 - r0, r0, seed=j) for j in range(k)], 1).contiguous()
+        A = dA.to_petsc()
         raw = RawMatSolve(A, COMM, method, pc, rtol, B)
         cols = [B[:, j].contiguous() for j in range(k)]
         its = {}
@@ -351,6 +353,7 @@ def main():
     p.add_argument("--iters", type=int, default=None, help="fixed iterations for the per-iteration section")
     p.add_argument("--rtol", type=float, default=1e-6)
     p.add_argument("--multirhs-nx", type=int, default=None, help="grid size of the multi-RHS section (n = nx^2)")
+    p.add_argument("--multirhs-ilu-nx", type=int, default=None, help="grid size of the GMRES+ILU multi-RHS case")
     p.add_argument("--k", type=int, default=16, help="right-hand sides in the multi-RHS section")
     p.add_argument("--only", choices=["multirhs"], default=None, help="run only this section")
     a = p.parse_args()
@@ -364,8 +367,10 @@ def main():
                       "raw KSP: setType cg, PC type, NormType.UNPRECONDITIONED, setTolerances(rtol, atol=0)"}
     rprint(f"# krylov: 2-D Poisson n={nx * nx}, {SIZE} rank(s), rtol={a.rtol}, {trials} alternating trials")
     mnx = a.multirhs_nx or (150 if a.quick else 500)
+    inx = a.multirhs_ilu_nx or (100 if a.quick else 200)
+    mcases = [("cg", "gamg", mnx), ("gmres", "hypre", mnx), ("gmres", "ilu", inx)]
     if a.only == "multirhs":
-        out["multirhs"] = _print_multirhs(section_multirhs(mnx, a.k, a.rtol, trials))
+        out["multirhs"] = _print_multirhs(section_multirhs(mcases, a.k, a.rtol, trials))
         write_json(a.json, out)
         return
     P = Problem(nx, COMM, a.rtol, need_scipy=(SIZE == 1))
@@ -412,7 +417,7 @@ def main():
     for r in sw:
         rprint(f"        n={r['n']:>8} " + "  ".join(f"{k} {fmt_t(v['median'])} ({r['iterations'][k]} it)"
                                                      for k, v in r["times"].items()))
-    out["multirhs"] = _print_multirhs(section_multirhs(mnx, a.k, a.rtol, trials))
+    out["multirhs"] = _print_multirhs(section_multirhs(mcases, a.k, a.rtol, trials))
     write_json(a.json, out)
 
 

@@ -388,7 +388,8 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         call only (never seen by a later call; a changed ``near_nullspace`` rebuilds the
         preconditioner). Every other preconditioner (``hypre`` included) and the torch
         backend ignore it: the answer is the same, only the iteration count differs.
-        Numerically dependent columns raise ``ValueError``.
+        Shape, dtype and finiteness are checked on every backend; with GAMG/ML,
+        numerically dependent columns raise ``ValueError`` too.
 
     Returns
     -------
