@@ -150,6 +150,14 @@ def test_quadratic_convergence(comm, backend):
     rs = np.asarray(slow.residual_history)
     assert slow.converged and slow.iterations > info.iterations
     assert (rs[-1] / rs[-2] ** 2) > 1.0
+    # the gradient does not inherit the loose inner tolerance (the adjoint solve is tight)
+    cs = [c.clone().requires_grad_(True) for _ in range(2)]
+    grads = []
+    for cc, ls in zip(cs, ({"rtol": 0.2, "pc": "jacobi"}, {"pc": "jacobi"})):
+        uu = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, cc, a, jacobian=P.jacobian, backend=backend,
+                             rtol=1e-12, linear_solver=ls)
+        grads.append(torch.autograd.grad(slasolve.global_sum(uu.sum(), comm), cc)[0])
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-8, atol=0)
     _same_everywhere(comm, list(np.round(r / r[0], 6)))
 
 

@@ -153,7 +153,9 @@ class _ImplicitFunction(torch.autograd.Function):
 def _adjoint_solve(ctl, u, g):
     """Collective. ``lam`` with ``J(u)^T lam = g``."""
     ls = dict(ctl["linear_solver"])
-    ls.setdefault("rtol", 1e-10 if u.dtype == torch.float64 else 1e-5)
+    # a loose inner tolerance suits Newton steps, not gradients: at most 1e-10 (float32 1e-5)
+    tight = 1e-10 if u.dtype == torch.float64 else 1e-5
+    ls["rtol"] = min(float(ls.get("rtol", tight)), tight)
     params = tuple(p.detach() if isinstance(p, torch.Tensor) or _is_dsparse(p) else p for p in ctl["params"])
     if ctl["jacobian"] is not None:
         from ..krylov.solve import solve
@@ -235,7 +237,8 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     linear_solver : dict, optional
         ``slasolve.solve`` arguments for the inner solves and the adjoint solve: ``method``
         (``cg, gmres, minres, bicgstab, direct``; default ``"gmres"``), ``pc``, ``rtol``
-        (fixed relative inner tolerance, default ``1e-10`` for float64, ``1e-5`` float32),
+        (fixed relative inner tolerance, default ``1e-10`` for float64, ``1e-5`` float32;
+        matrix-free ``1e-5`` / ``1e-3``; the adjoint solve uses at most ``1e-10`` / ``1e-5``),
         ``atol``, ``maxiter``, ``restart``. A failed inner solve stops Newton
         (``DIVERGED_LINEAR_SOLVE``).
     line_search : {"bt", "basic"}
