@@ -382,6 +382,17 @@ def test_validation_is_collective(comm):
         nonlinear_solve(P.residual, u0, f, c, a, linear_solver={"pc": "jacobi"})
     for backend in BACKENDS:
         _check_pattern_change(comm, P, u0, f, c, a, backend)
+        # an exception from the user's residual mid-solve (on every rank) comes out as itself,
+        # also from inside SNES's callbacks
+        count = []
+
+        def flaky(u, *p):
+            count.append(1)
+            if len(count) > 3:
+                raise ArithmeticError("residual failed on purpose")
+            return P.residual(u, *p)
+        with pytest.raises(ArithmeticError, match="on purpose"):
+            nonlinear_solve(flaky, u0, f, c, a, jacobian=P.jacobian, backend=backend)
 
 
 def _check_pattern_change(comm, P, u0, f, c, a, backend):
@@ -484,6 +495,16 @@ def test_direct_inner_solves(comm, backend):
     D = Diagonal(12, comm, lambda u: u * u - 1, lambda u: 2 * u)  # singular: the factorisation fails
     _expect_failure(comm, ("DIVERGED_LINEAR_SOLVE",), residual=D.residual, u0=torch.zeros(D.m, dtype=F64),
                     jacobian=D.jacobian, backend=backend, linear_solver={"method": "direct"})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_progress_prints_on_rank0(comm, backend, capsys):
+    P = FD1D(16, comm)
+    f, c, a = _data(P)
+    _, info = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, c, a, jacobian=P.jacobian, backend=backend,
+                              progress=True, return_info=True)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("Newton")]
+    assert len(lines) == (info.iterations if comm.Get_rank() == 0 else 0)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
