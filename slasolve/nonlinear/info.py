@@ -70,10 +70,10 @@ class NonlinearInfo:
 
     def summary(self) -> str:
         """Local. One line: method, backend, reason, iterations, residual."""
+        first = self.residual_history[0] if self.residual_history else float("nan")
         return (f"{self.method} ({self.backend}, line search {self.line_search}): {self.reason} after "
                 f"{self.iterations} Newton iterations ({self.linear_iterations} linear), residual norm "
-                f"{self.residual_norm:.3e} (initial {self.residual_history[0] if self.residual_history else float('nan'):.3e}, "
-                f"rtol={self.rtol:g}, atol={self.atol:g})")
+                f"{self.residual_norm:.3e} (initial {first:.3e}, rtol={self.rtol:g}, atol={self.atol:g})")
 
 
 class NonlinearConvergenceError(ConvergenceError):
