@@ -1,4 +1,4 @@
-"""Benchmark: distributed P1 Poisson assembly vs scikit-fem, and the phases of one FEM solve.
+"""Benchmark: distributed FEM assembly vs DOLFINx and scikit-fem, and the phases of one FEM solve.
 
     python bench/fem.py                          # ~1M triangles (n = 708 -> 1,002,528 cells)
     mpirun -n 2 python bench/fem.py --json fem_2.json
@@ -13,6 +13,14 @@ Measured in the same run:
 * scikit-fem (rank 0 only, one process): ``asm(laplace, Basis(mesh, ElementTriP1()))``
   of the same mesh (same points and triangles), and a check that both matrices agree.
 * one full manufactured Poisson solve (``fem.manufactured_solve``, CG + GAMG): time per phase.
+
+* DOLFINx (optional; Debian/Ubuntu ``apt-get install -y python3-dolfinx``, built on the same
+  PETSc 3.18; skipped with a message when it does not import): the same mesh handed to
+  ``dolfinx.mesh.create_mesh``, P1 Poisson (``--n``) and 3-D P1 linear elasticity
+  (``--elasticity-n``): load vectors (constant and nodal ``f``) and the re-assembly of the
+  stiffness with a new per-cell (DG0) coefficient, the two libraries alternated in one run
+  (best of ``--repeat``, slowest rank); Frobenius norms and sums of the matrices and load
+  vectors are compared (equal discrete answers).
 
 Needs scikit-fem (``pip install scikit-fem``; the ``bench`` extra).
 """
@@ -110,6 +118,153 @@ def bench_skfem(n, kappa_global, repeat):
     return res, A.tocsr()
 
 
+# --------------------------------------------------------------------------- DOLFINx
+def duel(comm, fa, fb, repeat):
+    """Alternate ``fa``/``fb`` (A, B, B, A, ...) ``repeat`` times; best slowest-rank time of each."""
+    ta = tb = float("inf")
+    for i in range(repeat):
+        for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+            t, _ = timed(comm, fa if which == 0 else fb)
+            if which == 0:
+                ta = min(ta, t)
+            else:
+                tb = min(tb, t)
+    return ta, tb
+
+
+def _rel(a, b):
+    return abs(a - b) / max(abs(a), abs(b), 1e-300)
+
+
+def bench_vs_dolfinx(comm, problem, n, repeat):
+    """slasolve vs DOLFINx on the *same* mesh (slasolve's box_mesh handed to
+    ``dolfinx.mesh.create_mesh``): load vectors and the re-assembly of the stiffness with a new
+    per-cell coefficient, timed alternately in one run; norms and sums compared."""
+    import dolfinx
+    import dolfinx.fem.petsc  # noqa: F401
+    import ufl
+    from dolfinx import fem
+    from petsc4py import PETSc
+    from slasolve import global_sum
+
+    tri = problem == "poisson2d"
+    cell = "triangle" if tri else "tetra"
+    res = {"problem": problem, "n": n}
+    res["mesh"], mesh = timed(comm, lambda: box_mesh(n, cell=cell, comm=comm))
+    bs = 1 if tri else 3
+    res["setup"], V = timed(comm, lambda: Assembler(mesh, bs))
+    res["n_cells"], res["dofs"] = mesh.n_global_cells, V.n_global_dofs
+
+    # the same mesh in DOLFINx: our owned node coordinates are contiguous in rank order,
+    # exactly the chunked input DOLFINx's create_mesh reads
+    def dmesh():
+        domain = ufl.Mesh(ufl.VectorElement("Lagrange", ufl.triangle if tri else ufl.tetrahedron, 1))
+        return dolfinx.mesh.create_mesh(comm, mesh.cells.numpy().astype(np.int64),
+                                        mesh.owned_node_coords().numpy(), domain)
+    res["dolfinx_mesh"], msh = timed(comm, dmesh)
+
+    kfun = (lambda x: 1.0 + x[0] + x[1] ** 2) if tri else (lambda x: 1.0 + x[2] + x[0] * x[1])
+    ffun = (lambda x: 1.0 + x[0] * x[1]) if tri else (lambda x: 1.0 + x[0] * x[1] * x[2])
+    nu = 0.3
+
+    def dsetup():
+        Vd = fem.FunctionSpace(msh, ("Lagrange", 1)) if tri else fem.VectorFunctionSpace(msh, ("Lagrange", 1))
+        Q = fem.FunctionSpace(msh, ("DG", 0))
+        k = fem.Function(Q)
+        k.interpolate(lambda x: kfun(x))
+        fn = fem.Function(Vd)
+        u, v = ufl.TrialFunction(Vd), ufl.TestFunction(Vd)
+        if tri:
+            fn.interpolate(lambda x: ffun(x))
+            a = fem.form(k * ufl.inner(ufl.grad(u), ufl.grad(v)) * ufl.dx)
+            Lc = fem.form(fem.Constant(msh, PETSc.ScalarType(1.0)) * v * ufl.dx)
+            Lf = fem.form(fn * v * ufl.dx)
+        else:
+            fn.interpolate(lambda x: np.stack([ffun(x), 0 * x[0], 0 * x[0]]))
+            eps = lambda w: ufl.sym(ufl.grad(w))  # noqa: E731
+            lam, mu = k * nu / ((1 + nu) * (1 - 2 * nu)), k / (2 * (1 + nu))
+            sig = lambda w: 2 * mu * eps(w) + lam * ufl.tr(eps(w)) * ufl.Identity(3)  # noqa: E731
+            a = fem.form(ufl.inner(sig(u), eps(v)) * ufl.dx)
+            Lc = fem.form(ufl.inner(fem.Constant(msh, PETSc.ScalarType((0.0, 0.0, -1.0))), v) * ufl.dx)
+            Lf = fem.form(ufl.inner(fn, v) * ufl.dx)
+        A = fem.petsc.create_matrix(a)
+        b = fem.petsc.create_vector(Lc)
+        return Vd, k, fn, a, Lc, Lf, A, b
+    res["dolfinx_setup_incl_jit"], (Vd, k, fn, a, Lc, Lf, A, b) = timed(comm, dsetup)
+
+    def dload(L):
+        with b.localForm() as bl:
+            bl.set(0.0)
+        fem.petsc.assemble_vector(b, L)
+        b.ghostUpdate(addv=PETSc.InsertMode.ADD, mode=PETSc.ScatterMode.REVERSE)
+        return b
+
+    step = [0]
+    k0 = k.x.array.copy()
+
+    def dstiff():
+        step[0] += 1
+        k.x.array[:] = k0 * (1.0 + 1e-3 * step[0])   # a new per-cell coefficient each call
+        A.zeroEntries()
+        fem.petsc.assemble_matrix(A, a)
+        A.assemble()
+        return A
+
+    # slasolve: the same coefficient and data
+    kap0 = kfun(V.cell_coords.mean(1).T)
+    fo = V.interpolate(lambda x: ffun(x.T)) if tri else \
+        torch.stack([ffun(V.owned_coords().T), torch.zeros(V.n_owned_nodes), torch.zeros(V.n_owned_nodes)], 1).reshape(-1)
+    const = 1.0 if tri else torch.tensor([0.0, 0.0, -1.0])
+    sstep = [0]
+
+    def sstiff():
+        sstep[0] += 1
+        kap = kap0 * (1.0 + 1e-3 * sstep[0])
+        return V.stiffness(kap) if tri else V.elasticity(kap, nu)
+
+    def sstiff_petsc():
+        return sstiff().to_petsc()
+
+    sl = {}
+    dl = {}
+    sl["load (constant f)"], dl["load (constant f)"] = duel(comm, lambda: V.load(const), lambda: dload(Lc), repeat)
+    sl["load (nodal f)"], dl["load (nodal f)"] = duel(comm, lambda: V.load(fo), lambda: dload(Lf), repeat)
+    sl["stiffness, new per-cell coef"], dl["stiffness, new per-cell coef"] = duel(comm, sstiff, dstiff, repeat)
+    sl["stiffness + to_petsc refill"], _ = duel(comm, sstiff_petsc, lambda: None, repeat)
+    res["slasolve"], res["dolfinx"] = sl, dl
+
+    # ---- equal discrete answers: same coefficient (reset both), norms and sums
+    sstep[0] = step[0] = 0
+    As = sstiff()
+    Ad = dstiff()
+    checks = {}
+    vals = As.values.detach()
+    checks["matrix frobenius"] = (float(global_sum(vals.square().sum())) ** 0.5, Ad.norm(PETSc.NormType.FROBENIUS))
+    y = Ad.createVecLeft()
+    Ad.mult(fn.vector, y)       # energy f^T A f of the interpolated nodal f: permutation-invariant
+    checks["f^T A f"] = (float(global_sum(fo @ (As @ fo))), fn.vector.dot(y))
+    for name, sv, L in (("load (constant f)", V.load(const), Lc), ("load (nodal f)", V.load(fo), Lf)):
+        bd = dload(L)
+        checks[name + " sum"] = (float(global_sum(sv.sum())), bd.sum())
+        checks[name + " 2-norm"] = (float(global_sum(sv.square().sum())) ** 0.5, bd.norm())
+    res["checks"] = {k_: {"slasolve": a_, "dolfinx": b_, "rel_diff": _rel(a_, b_)} for k_, (a_, b_) in checks.items()}
+    res["max_rel_diff"] = max(c["rel_diff"] for c in res["checks"].values())
+    return res
+
+
+def print_dolfinx(say, r, size):
+    say(f"\n{r['problem']}: slasolve vs DOLFINx {__import__('dolfinx').__version__} on the same mesh, "
+        f"{r['n_cells']:,} cells, {r['dofs']:,} dofs, {size} rank(s) (best of the alternated runs, slowest rank)")
+    say(f"{'quantity':<34}{'slasolve [s]':>14}{'DOLFINx [s]':>14}{'ratio':>8}")
+    for q, ts in r["slasolve"].items():
+        td = r["dolfinx"].get(q)
+        say(f"{q:<34}{ts:14.4f}" + (f"{td:14.4f}{ts / td:8.2f}" if td else ""))
+    say(f"{'mesh / setup':<34}{r['mesh']:7.2f} +{r['setup']:5.2f}{r['dolfinx_mesh']:7.2f} +"
+        f"{r['dolfinx_setup_incl_jit']:5.2f}  (DOLFINx setup: spaces, forms (JIT, cached), sparsity)")
+    say(f"equal discrete answers: max relative difference {r['max_rel_diff']:.1e} over "
+        + ", ".join(r["checks"]))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=708, help="cells per side (2 n^2 triangles; 708 -> ~1M)")
@@ -117,6 +272,11 @@ def main(argv=None):
     p.add_argument("--solve-n", type=int, default=None, help="n of the full solve (default: --n)")
     p.add_argument("--no-skfem", action="store_true")
     p.add_argument("--no-solve", action="store_true")
+    p.add_argument("--no-dolfinx", action="store_true", help="skip the DOLFINx comparison")
+    p.add_argument("--dolfinx-only", action="store_true", help="only the DOLFINx comparison")
+    p.add_argument("--elasticity-n", type=int, default=40,
+                   help="cells per side of the 3-D elasticity cube (6 n^3 tetrahedra; 0: skip)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (DOLFINx uses one)")
     p.add_argument("--json", default=None, help="write the results to this JSON file (rank 0)")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
@@ -125,12 +285,31 @@ def main(argv=None):
     local = comm.Split_type(MPI.COMM_TYPE_SHARED)
     per_node = local.Get_size()
     local.Free()
+    torch.set_num_threads(args.threads)
     if per_node > 1 and torch.get_num_threads() * per_node > (os.cpu_count() or 1):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // per_node))  # no oversubscription
     say = print if rank == 0 else (lambda *a, **k: None)
     out = {"ranks": size, "n": args.n, "torch_threads": torch.get_num_threads(),
            "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__}
 
+    if not args.no_dolfinx:
+        try:
+            import dolfinx  # noqa: F401
+            ok = True
+        except ImportError as e:
+            ok = False
+            say(f"DOLFINx not available ({e}); skipped. Debian/Ubuntu: apt-get install -y python3-dolfinx")
+        if comm.allreduce(int(ok), op=MPI.MIN):
+            out["dolfinx"] = [bench_vs_dolfinx(comm, "poisson2d", args.n, args.repeat)]
+            print_dolfinx(say, out["dolfinx"][-1], size)
+            if args.elasticity_n:
+                out["dolfinx"].append(bench_vs_dolfinx(comm, "elasticity3d", args.elasticity_n, args.repeat))
+                print_dolfinx(say, out["dolfinx"][-1], size)
+    if args.dolfinx_only:
+        if args.json and rank == 0:
+            with open(args.json, "w") as fh:
+                json.dump(out, fh, indent=2)
+        return 0
     mine, A, kappa = bench_slasolve(comm, args.n, args.repeat)
     out["slasolve"] = mine
     kappa_all = comm.gather(kappa.numpy(), root=0)

@@ -231,6 +231,7 @@ class Assembler:
         colpos = torch.where(is_own, cols_t - s,
                              (e - s) + torch.searchsorted(ghosts, cols_t).clamp(max=max(ghosts.numel() - 1, 0)))
         self._col_ext = colpos
+        self._geo_cache: dict = {}
 
     # ------------------------------------------------------------------ helpers
     def __repr__(self) -> str:
@@ -254,6 +255,43 @@ class Assembler:
                                  f"(cells {self.cell_range[0]}..{self.cell_range[1]} of {self.n_global_cells}), "
                                  f"got shape {tuple(c.shape)}")
         return c
+
+    def _geo(self, name: str, build: Callable[[], torch.Tensor]):
+        """Geometry-only per-cell data (reference element matrices, volumes), built once per
+        Assembler: no user coefficient is ever part of a cached value. Keyed on the identity
+        and version counter of ``cell_coords``, so an in-place change of the coordinates
+        rebuilds them; coordinates that require grad (shape derivatives) are never cached."""
+        c = self.cell_coords
+        if c.requires_grad:
+            return build()
+        key = (id(c), c._version)
+        hit = self._geo_cache.get(name)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        val = build()
+        self._geo_cache[name] = (key, val)
+        return val
+
+    def _ref_stiffness(self) -> torch.Tensor:
+        """(E, nv, nv) stiffness matrices with unit coefficient (cached geometry)."""
+        return self._geo("stiffness", lambda: _el.stiffness(self.cell_coords, 1.0, self.cell))
+
+    def _ref_mass(self) -> torch.Tensor:
+        """(E, nv, nv) mass matrices with unit density (cached geometry)."""
+        return self._geo("mass", lambda: _el.mass(self.cell_coords, 1.0, self.cell))
+
+    def _cell_coef(self, name: str, c: Coef) -> Union[float, torch.Tensor]:
+        """A validated coefficient: a Python float, or an ``(E, 1, 1)`` tensor (differentiable)."""
+        c = self._coef(name, c)
+        if not isinstance(c, torch.Tensor):
+            if isinstance(c, bool) or not isinstance(c, (int, float)):
+                raise TypeError(f"{name} must be a number, a tensor of shape ({self.mesh.n_local_cells},) "
+                                f"or a callable, got {type(c).__name__}")
+            c = float(c)
+            if not np.isfinite(c):
+                raise ValueError(f"{name} must be finite, got {c}")
+            return c
+        return _el._coef(name, c, self.mesh.n_local_cells, self.cell_coords)[:, None, None]
 
     def _collective(self, fn, *args):
         """Run a local kernel; a ValueError/TypeError on any rank is raised on every rank."""
@@ -318,6 +356,10 @@ class Assembler:
             flat = Ke.reshape(E, nv, bs, nv, bs).permute(0, 1, 3, 2, 4).reshape(E * nv * nv, bs, bs)
         else:
             flat = Ke.reshape(E * nv * nv)
+        return self._assemble_slots(flat)
+
+    def _assemble_slots(self, flat: torch.Tensor) -> DSparseTensor:
+        """Collective. Entries ``(E*nv*nv[, bs, bs])`` in element-slot order -> the matrix."""
         buf = flat.new_zeros((self.nnz + self.n_remote,) + flat.shape[1:])
         buf = buf.index_add(0, self._slot, flat)
         values = buf[:self.nnz]
@@ -342,12 +384,23 @@ class Assembler:
             err = ValueError("element_vectors contains NaN or infinite values")
         if check:
             check_collective(self.comm, err)
-        fe = element_vectors.to(self.device).reshape(E * nv, bs)
+        return self._owned_from_local(self._local_sums(element_vectors.to(self.device).reshape(E, nv, bs)))
+
+    def _local_sums(self, element_vectors: torch.Tensor) -> torch.Tensor:
+        """Local. Sums of element vectors ``(E, nv, bs)`` on every local node ``(n_local_nodes, bs)``,
+        before the reverse halo (no checks)."""
+        E, nv, bs = element_vectors.shape
         n = self.mesh.node_ids.shape[0]
-        buf = fe.new_zeros((n, bs)).index_add(0, self._node_slot, fe)
-        owned = buf[self._owned_pos.to(fe.device)]
+        fe = element_vectors.reshape(E * nv, bs)
+        if bs == 1:  # 1-D index_add: the (n, 1) form takes a slow row-copy path
+            return fe.new_zeros(n).index_add(0, self._node_slot, fe.reshape(-1)).reshape(n, 1)
+        return fe.new_zeros((n, bs)).index_add(0, self._node_slot, fe)
+
+    def _owned_from_local(self, buf: torch.Tensor) -> torch.Tensor:
+        """Collective. Sums on every local node ``(n_local_nodes, bs)`` -> owned dofs (reverse halo)."""
+        owned = buf[self._owned_pos.to(buf.device)]
         if self.comm.Get_size() > 1:
-            owned = owned + self.node_plan.reverse(buf[self._ghost_pos.to(fe.device)])
+            owned = owned + self.node_plan.reverse(buf[self._ghost_pos.to(buf.device)])
         return owned.reshape(-1)
 
     # ------------------------------------------------------------------ operators
@@ -357,14 +410,16 @@ class Assembler:
         tensor ``(E,)`` (may require grad) or a callable of the cell centroids ``(E, dim)``."""
         check_collective(self.comm, None if self.bs == 1 else
                          ValueError("stiffness() needs a scalar space (block_size=1); use elasticity()"))
-        Ke = self._collective(lambda: _el.stiffness(self.cell_coords, self._coef("kappa", kappa), self.cell))
-        return self.assemble_matrix(Ke, check=False)
+        def kernel():
+            k = self._cell_coef("kappa", kappa)
+            return self._ref_stiffness() * k
+        return self.assemble_matrix(self._collective(kernel), check=False)
 
     @_log.logged("slaAssembly")
     def mass(self, rho: Coef = 1.0) -> DSparseTensor:
         """Collective. Consistent mass ``∫ rho u·v`` (``rho`` as ``kappa`` in :meth:`stiffness`);
         for a vector space the block mass ``M ⊗ I``."""
-        Me = self._collective(lambda: _el.mass(self.cell_coords, self._coef("rho", rho), self.cell))
+        Me = self._collective(lambda: self._ref_mass() * self._cell_coef("rho", rho))
         if self.bs > 1:
             E, nv, bs = Me.shape[0], self.nv, self.bs
             eye = torch.eye(bs, dtype=Me.dtype, device=Me.device)
@@ -379,9 +434,20 @@ class Assembler:
                          ValueError(f"elasticity() needs a vector space (block_size={self.dim})"))
         if kind is None:
             kind = "plane_strain" if self.dim == 2 else "3d"
-        Ke = self._collective(lambda: _el.elasticity_stiffness(
-            self.cell_coords, self._coef("young", young), self._coef("nu", nu), self.cell, kind))
-        return self.assemble_matrix(Ke, check=False)
+        E, nv, bs = self.mesh.n_local_cells, self.nv, self.bs
+
+        def parts():
+            # (E, nv*nv*bs*bs) in slot order (node pair, then the bs x bs block): no permute per call
+            KL, KM = _el.elasticity_parts(self.cell_coords, self.cell)
+            f = lambda K: K.reshape(E, nv, bs, nv, bs).permute(0, 1, 3, 2, 4).reshape(E, -1)  # noqa: E731
+            return f(KL), f(KM)
+
+        def kernel():
+            _, lam, mu = _el._elasticity_coefs(E, self.dim, self._coef("young", young), self._coef("nu", nu),
+                                               kind, self.cell_coords)
+            KL, KM = self._geo("elasticity", parts)
+            return torch.addcmul(mu[:, None] * KM, lam[:, None], KL).reshape(E * nv * nv, bs, bs)
+        return self._assemble_slots(self._collective(kernel))
 
     def _nodal_on_cells(self, f) -> torch.Tensor:
         """(E, nv, bs) values of ``f`` at each local cell's vertices."""
@@ -450,9 +516,26 @@ class Assembler:
             check_collective(self.comm, err)
             vloc = self.fetch_ghosts(owned.to(dtype=self.dtype, device=self.device))
             fe = vloc.reshape(-1, self.bs)[self.local_cells]
-        Me = self._collective(lambda: _el.mass(self.cell_coords, 1.0, self.cell))
-        be = torch.einsum("eij,ejd->eid", Me, fe)
+        if fe.dim() == 3 and fe.stride(0) == 0 and fe.stride(1) == 0:
+            # a constant: scale the cached ∫ v of every local node (no per-cell work)
+            w = self._geo("load(1)", lambda: self._local_sums(self._load_kernel(
+                torch.ones((1, 1, 1), dtype=self.dtype, device=self.device).expand(fe.shape[0], self.nv, 1))))
+            return self._owned_from_local(w * fe[0, 0])
+        be = self._collective(lambda: self._load_kernel(fe))
         return self.assemble_vector(be, check=False)
+
+    def _load_kernel(self, fe: torch.Tensor) -> torch.Tensor:
+        """``be[e,i,:] = Σ_j M_e[i,j] fe[e,j,:]`` for vertex values ``fe (E, nv, bs)``."""
+        if self.cell in ("triangle", "tetra"):
+            # P1 simplex mass: |e| (1 + δ_ij) / ((d+1)(d+2)); only the volumes are cached
+            d = self.dim
+            c = self._geo("volume/(d+1)(d+2)", lambda: (_el.element_volume(self.cell_coords, self.cell)
+                                                        / ((d + 1) * (d + 2)))[:, None, None])
+            tot = fe[:, 0]
+            for j in range(1, fe.shape[1]):  # over the nv vertices (torch's sum over a short middle dim is slow)
+                tot = tot + fe[:, j]
+            return c * (fe + tot[:, None])
+        return torch.einsum("eij,ejd->eid", self._ref_mass(), fe)
 
     def neumann(self, g=1.0, where: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
         """Collective. Neumann load ``∫_Γ g·v ds`` on the boundary facets selected by ``where``
