@@ -8,12 +8,14 @@
 # 2. `pip install torch==2.13.0` (the CPU build; $SLASOLVE_TORCH_INDEX, e.g.
 #    https://download.pytorch.org/whl/cpu, picks the index on a machine without it), then
 #    `pip install .[mpi,test,examples]`: mpi4py>=4 wheels and the `mpich` wheel that they load;
-# 3. checks, in that venv: `python -m slasolve` (the install is consistent, no PETSc),
-#    the tests that need no PETSc (those that do skip), the notebook, every example,
-#    and `mpiexec -n 2` (the mpich wheel's launcher) on a distributed solve.
+# 3. checks, in that venv: `python -m slasolve` (the install is consistent, no PETSc; a
+#    missing MPI library makes it exit 1), the tests that need no PETSc (those marked `petsc`
+#    skip), the notebook, every example, and under `mpiexec -n 2` (the mpich wheel's
+#    launcher) a distributed solve + gradient against SciPy, an example, an exception on
+#    one rank ending the job, `python -m slasolve`, and the MPI tests of the torch backend.
 #
-# Idempotent: the venv is rebuilt only when pyproject.toml or this script changed (a stamp
-# holds their hash); slasolve itself is reinstalled (no dependencies, a few seconds) on
+# Idempotent: the venv is rebuilt only when pyproject.toml or the install recipe changed (a
+# stamp holds their hash); slasolve itself is reinstalled (no dependencies, a few seconds) on
 # every run so the checks see the working tree. Install time and venv size are printed.
 # Environment: SLASOLVE_PIP_PYTHON (the python3.11 to make the venv with), SLASOLVE_PIP_REBUILD=1.
 set -euo pipefail
@@ -48,8 +50,8 @@ if ! base_py=$(pick_python); then
 fi
 
 # ---------------------------------------------------------------- install (when needed)
-hash=$( { cat "$here/pyproject.toml" "$here/scripts/test_pip_only.sh"; echo "$torch_spec $extras $base_py"; } \
-        | sha256sum | cut -c1-16)
+recipe=1   # bump when the install commands below change
+hash=$( { cat "$here/pyproject.toml"; echo "$recipe $torch_spec $extras $base_py"; } | sha256sum | cut -c1-16)
 stamp="$venv/.slasolve-pip-only"
 py="$venv/bin/python"
 if [ "${SLASOLVE_PIP_REBUILD:-0}" != "0" ] || [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$hash" ]; then
@@ -127,7 +129,7 @@ gref = spla.spsolve(A.T.tocsc(), np.ones(n * n))[lo:hi]
 gerr = comm.allreduce(float(np.abs(b.grad.numpy() - gref).max()), op=MPI.MAX)
 assert comm.Get_size() == 2 and info.backend == "torch" and err < 1e-8 and gerr < 1e-8, (err, gerr, info)
 if comm.Get_rank() == 0:
-    print(f"mpiexec -n 2: {MPI.Get_library_version().splitlines()[0]}; backend {info.backend}, "
+    print(f"mpiexec -n 2: {' '.join(MPI.Get_library_version().split()[:3])}; backend {info.backend}, "
           f"{info.iterations} its, max error {err:.1e}, grad error {gerr:.1e}: OK")
 EOF
 step "mpiexec -n 2 (the mpich wheel)" timeout 300 "$venv/bin/mpiexec" -n 2 "$py" "$work/mpi_check.py"
@@ -148,6 +150,12 @@ abort_check() {
 }
 step "mpiexec -n 2: an exception on one rank aborts the job" abort_check
 step "mpiexec -n 2 python -m slasolve" timeout 120 "$venv/bin/mpiexec" -n 2 "$py" -m slasolve
+mpi_tests=()
+for t in test_config.py test_torch_krylov.py test_torch_eigen.py test_dsparse.py test_halo.py test_errors.py \
+         test_fem_solve.py; do [ ! -f "$here/tests/$t" ] || mpi_tests+=("$here/tests/$t"); done
+step "mpiexec -n 2 pytest -m mpi (torch backend; other ranks log to .pytest-mpi/ in a temporary folder)" \
+  env PYTHON="$py" timeout 900 "$venv/bin/mpiexec" -n 2 "$here/scripts/mpi_pytest.sh" -q --color=no \
+  -p no:cacheprovider --with-mpi -m mpi "${mpi_tests[@]}"
 
 if [ $status -eq 0 ]; then say "all checks passed"; else say "some checks FAILED"; fi
 exit $status

@@ -1,6 +1,6 @@
 """What this slasolve install is made of, and whether it works: ``python -m slasolve``.
 
-:func:`config_info` collects, and :func:`show_config` prints:
+:func:`~slasolve.config.config_info` collects, and :func:`~slasolve.show_config` prints:
 
 * versions: slasolve, Python, torch, NumPy, SciPy, mpi4py, petsc4py, slepc4py;
 * MPI: the library mpi4py loaded (vendor, version string), ``COMM_WORLD``'s size and rank;
@@ -16,7 +16,7 @@ backend without a word), an ``mpiexec`` from another MPI than mpi4py's (every pr
 is rank 0 of 1). ``python -m slasolve`` exits with status 1 when there are problems.
 
 An install whose mpi4py cannot load MPI, or whose petsc4py cannot load PETSc, fails at
-``import slasolve`` itself; :func:`import_failed` (called there) turns the error into an
+``import slasolve`` itself; :func:`~slasolve.config.import_failed` (called there) turns the error into an
 ``ImportError`` that says what to do, and under ``python -m slasolve`` prints the report
 (what can be known without importing slasolve) and exits with status 1.
 
@@ -256,7 +256,8 @@ def config_info() -> Dict[str, Any]:
 
 
 def format_config(info: Dict[str, Any]) -> str:
-    """Local. The text :func:`show_config` prints for ``info`` (from :func:`config_info`)."""
+    """Local. The text :func:`~slasolve.show_config` prints for ``info`` (a dict from
+    :func:`~slasolve.config.config_info`)."""
     v = info["versions"]
     lines = [f"slasolve {info['slasolve']['version']}  ({info['slasolve']['path']})",
              f"python   {info['python']['version']}  ({info['python']['executable']}"
@@ -321,7 +322,7 @@ def format_config(info: Dict[str, Any]) -> str:
 def show_config(file: Optional[TextIO] = None) -> Dict[str, Any]:
     """Local. Print the configuration of this install (versions, MPI, PETSc/SLEPc and their
     external packages, torch devices, available backends and preconditioners, optional
-    packages, problems) and return it as the dict of :func:`config_info`.
+    packages, problems) and return it as the dict of :func:`~slasolve.config.config_info`.
 
     ``info["problems"]`` is empty when the install works; ``python -m slasolve`` prints
     the same report and exits with status 1 when it is not."""
