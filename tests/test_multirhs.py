@@ -73,7 +73,8 @@ def test_columns_match_scipy_and_single_solves(comm, method, pc, A, partition):
         r = np.linalg.norm(Bg[:, j].numpy() - A @ Xg[:, j])
         assert r <= 1.05 * rtol * bj, (j, r, bj)                         # each column's own tolerance
         assert np.linalg.norm(Xg[:, j] - ref[:, j]) <= 1e-6 * max(np.linalg.norm(ref[:, j]), 1e-300)
-        assert info.per_rhs[j].residual_norm == pytest.approx(r, rel=1e-6, abs=1e-300)
+        # the true residual, up to the rounding of b - A x in another summation order
+        assert info.per_rhs[j].residual_norm == pytest.approx(r, rel=1e-6, abs=1e-12 * bj + 1e-300)
     assert np.all(Xg[:, 2] == 0) and info.per_rhs[2].iterations == 0
     assert info.per_rhs[2].reason == "CONVERGED_ATOL"
     for j in (0, 4):  # one column at a time through the same cached KSP: same iterations
