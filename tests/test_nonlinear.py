@@ -378,6 +378,11 @@ def test_validation_is_collective(comm):
     with pytest.raises(ValueError, match="owned rows"):  # a residual of the wrong length on one rank
         nonlinear_solve(lambda u, *p: torch.cat([P.residual(u, *p), u[:1]]) if rank == size - 1
                         else P.residual(u, *p), u0, f, c, a, jacobian=P.jacobian)
+    if size > 1:  # a row shard of a sub-communicator while the solve runs on COMM_WORLD
+        S = FD1D(16, MPI.COMM_SELF)
+        with pytest.raises(ValueError, match="communicator"):
+            nonlinear_solve(lambda u: u - 1, torch.zeros(S.n // size + (rank < S.n % size)),
+                            jacobian=lambda u: S.J0)
     with pytest.raises(ValueError, match="matrix-free"):
         nonlinear_solve(P.residual, u0, f, c, a, linear_solver={"pc": "jacobi"})
     for backend in BACKENDS:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+from mpi4py import MPI
 
 from .._comm import allreduce_sum, check_collective
 
@@ -60,6 +61,9 @@ class Problem:
         err = None
         if not isinstance(J, DSparseTensor) or not J.is_row_shard:
             err = TypeError(f"jacobian must return a row-sharded DSparseTensor, got {type(J).__name__}")
+        elif MPI.Comm.Compare(J.comm, self.comm) not in (MPI.IDENT, MPI.CONGRUENT):
+            err = ValueError("jacobian returned a DSparseTensor on another communicator than the solve's "
+                             "(pass comm= to nonlinear_solve)")
         elif J.local.is_block:
             err = ValueError("jacobian must return a scalar (non-block) DSparseTensor")
         elif J.n_local != self.n_local or J.global_shape[0] != J.global_shape[1] \
