@@ -25,10 +25,14 @@ Newton step ``u_D = g`` holds exactly.
 
 :class:`NonlinearDiffusion` (this module): ``-div(κ (1 + u²) ∇u) = f`` with ``κ`` per
 cell (the quasilinear model problem of the FEniCS tutorial). Its tangent
-``∫ κ[(1+u²) ∇δu·∇v + 2 u δu ∇u·∇v]`` is **not symmetric** (use GMRES / BiCGStab);
-the problem has a unique solution for any ``f`` (the Kirchhoff transform
-``w = u + u³/3`` makes it linear: ``-div(κ ∇w) = f``), which the tests use as an exact
-reference. Hyperelasticity: :mod:`slasolve.fem.hyperelastic`.
+``∫ κ[(1+u²) ∇δu·∇v + 2 u δu ∇u·∇v]`` is **not symmetric** (use GMRES / BiCGStab;
+``nonlinear_solve``'s adjoint solves with its transpose). The continuous problem has a
+unique solution for any ``f`` (the Kirchhoff transform ``w = u + u³/3`` makes it linear,
+``-div(κ ∇w) = f``, for constant ``κ``). Chosen over the p-Laplacian because its tangent
+is bounded and non-degenerate (no regularisation parameter) and it exercises the
+non-symmetric path. Quadrature: degree 2 on P1 simplices (the integrands are
+quadratic), 2^dim Gauss points on Q1 cells. Hyperelasticity:
+:mod:`slasolve.fem.hyperelastic`.
 """
 from __future__ import annotations
 
