@@ -39,8 +39,33 @@ def _unscalar_grad(gs: torch.Tensor, perm, nnz: int, block) -> torch.Tensor:
     return out.view(nnz, *block)
 
 
+_CHUNK_ROWS = 1 << 16  # rows per chunk of the O(nnz) scans that need each entry's row
+
+
+def _pattern_rows(pattern: Pattern) -> torch.Tensor:
+    """Each stored entry's row, without caching it on ``pattern`` (8 bytes per nonzero that a
+    forward solve never needs to keep)."""
+    if pattern._rows is not None:
+        return pattern._rows
+    return torch.repeat_interleave(torch.arange(pattern.M, device=pattern.device),
+                                   pattern.indptr[1:] - pattern.indptr[:-1])
+
+
+def _sub_indptr(rows: torch.Tensor, n_rows: int) -> torch.Tensor:
+    indptr = torch.zeros(n_rows + 1, dtype=torch.int64, device=rows.device)
+    indptr[1:] = torch.cumsum(torch.bincount(rows, minlength=n_rows), 0)
+    return indptr
+
+
 class _RowLayout:
-    """Collective (constructor). Diagonal/off-diagonal split and halo plan of a row shard."""
+    """Collective (constructor). Diagonal/off-diagonal split and halo plan of a row shard.
+
+    Memory: the forward product needs only the bulk pattern (or the diagonal block when the
+    rank has no ghost columns, which then shares the tensor's own index arrays) and the few
+    off-diagonal / boundary entries. The diagonal-block pattern and its positions
+    (:attr:`diag`, :attr:`diag_pos`), the off-diagonal pattern and the transposed pattern are
+    built on first use (backward, transposed products, ``dA.diag``) and then cached.
+    """
 
     def __init__(self, comm, pattern: Pattern, row_offsets, col_offsets, block):
         rank = comm.Get_rank()
@@ -51,27 +76,24 @@ class _RowLayout:
         self.rstart, self.rend = int(self.row_offsets[rank]), int(self.row_offsets[rank + 1])
         self.cstart, self.cend = int(self.col_offsets[rank]), int(self.col_offsets[rank + 1])
         n_loc_rows, n_loc_cols = self.rend - self.rstart, self.cend - self.cstart
+        self._pattern = pattern
         cols = pattern.indices
-        rows = pattern.rows()
         in_diag = (cols >= self.cstart) & (cols < self.cend)
-        self.diag_pos = torch.nonzero(in_diag).flatten()
         self.offd_pos = torch.nonzero(~in_diag).flatten()
-        dev = cols.device
-
-        def sub_pattern(pos, local_cols, ncols):
-            r = rows[pos]
-            counts = torch.bincount(r, minlength=n_loc_rows)
-            indptr = torch.zeros(n_loc_rows + 1, dtype=torch.int64, device=dev)
-            indptr[1:] = torch.cumsum(counts, 0)
-            return Pattern(indptr, local_cols.contiguous(), n_loc_rows, ncols)
-
-        self.diag = sub_pattern(self.diag_pos, cols[self.diag_pos] - self.cstart, n_loc_cols)
+        self.n_offd = int(self.offd_pos.numel())
+        self._diag = self._diag_pos = self._offd = None
         offd_cols = cols[self.offd_pos]
         self.ghost_ids = torch.unique(offd_cols, sorted=True)
-        self.offd = sub_pattern(self.offd_pos, torch.searchsorted(self.ghost_ids, offd_cols),
-                                int(self.ghost_ids.numel()))
+        self.off_col = torch.searchsorted(self.ghost_ids, offd_cols)
         self.halo = HaloPlan(comm, (self.cstart, self.cend), self.ghost_ids, offsets=self.col_offsets)
-        self._bulk_patterns(pattern, rows, in_diag, n_loc_rows, n_loc_cols)
+        self.recompute = False
+        if self.n_offd == 0:
+            # every entry is in the diagonal block: share the tensor's arrays (a view when cstart == 0)
+            local = cols if self.cstart == 0 else cols - self.cstart
+            self._diag = Pattern(pattern.indptr, local, n_loc_rows, n_loc_cols)
+            self.off_row = self.offd_pos
+        else:
+            self._bulk_patterns(pattern, _pattern_rows(pattern), in_diag, n_loc_rows, n_loc_cols)
         self._transposed = None
         self.petsc_mat = None
         self.petsc_filled_from = None
@@ -79,14 +101,8 @@ class _RowLayout:
     def _bulk_patterns(self, pattern: Pattern, rows, in_diag, n_loc_rows: int, n_loc_cols: int) -> None:
         """Index arrays for products straight from the values in CSR order (see
         :func:`_forward_product`): patterns only, never values."""
-        self.n_offd = int(self.offd_pos.numel())
         self.off_row = rows[self.offd_pos]
-        self.off_col = self.offd.indices
-        self.recompute = False
-        if self.n_offd == 0:
-            return
         cols = pattern.indices
-        local = cols - self.cstart
         brows = torch.unique(self.off_row, sorted=True)
         in_b = torch.zeros(n_loc_rows, dtype=torch.bool, device=cols.device)
         in_b[brows] = True
@@ -95,25 +111,67 @@ class _RowLayout:
         # costs n_loc_cols: recompute when boundary rows hold few entries
         self.recompute = n_loc_cols > 0 and int(entry_in_b.sum()) * 4 <= pattern.nnz
         if self.recompute:
-            self.bulk = Pattern(pattern.indptr, torch.where(in_diag, local, 0), n_loc_rows, n_loc_cols)
+            self.bulk = Pattern(pattern.indptr, torch.where(in_diag, cols - self.cstart, 0),
+                                n_loc_rows, n_loc_cols)
             self.brows = brows
             bd_pos = torch.nonzero(in_diag & entry_in_b).flatten()
         else:
-            self.bulk = Pattern(pattern.indptr, torch.where(in_diag, local, n_loc_cols),
-                                n_loc_rows, n_loc_cols + 1)
+            self.bulk = Pattern(pattern.indptr, self._slot_indices(in_diag), n_loc_rows, n_loc_cols + 1)
             bd_pos = self.offd_pos[:0]
         # entries added after the exchange: fix_pos = [boundary owned-column entries, ghost entries]
         self.n_bd = int(bd_pos.numel())
-        self.bd_col = local[bd_pos]
+        self.bd_col = cols[bd_pos] - self.cstart
         self.fix_pos = torch.cat([bd_pos, self.offd_pos])
         self.fix_row = rows[self.fix_pos]
-        self._slot = (pattern.indptr, torch.where(in_diag, local, n_loc_cols), n_loc_rows, n_loc_cols + 1)
+
+    def _in_diag(self) -> torch.Tensor:
+        cols = self._pattern.indices
+        return (cols >= self.cstart) & (cols < self.cend)
+
+    def _slot_indices(self, in_diag) -> torch.Tensor:
+        """Owned columns' local ids, ghost columns pointed at the extra zero slot ``n_loc_cols``."""
+        return torch.where(in_diag, self._pattern.indices - self.cstart, self.cend - self.cstart)
+
+    @property
+    def diag_pos(self) -> torch.Tensor:
+        """Positions (in ``values``) of the diagonal-block entries, built on first use."""
+        if self._diag_pos is None:
+            nnz = self._pattern.nnz
+            self._diag_pos = (torch.arange(nnz, device=self._pattern.device) if self.n_offd == 0
+                              else torch.nonzero(self._in_diag()).flatten())
+        return self._diag_pos
+
+    @property
+    def diag(self) -> Pattern:
+        """Diagonal-block pattern (owned columns, local ids), built on first use."""
+        if self._diag is None:
+            pos = self.diag_pos
+            n_loc_rows = self.rend - self.rstart
+            rows = _pattern_rows(self._pattern)[pos]
+            self._diag = Pattern(_sub_indptr(rows, n_loc_rows), self._pattern.indices[pos] - self.cstart,
+                                 n_loc_rows, self.cend - self.cstart)
+        return self._diag
+
+    @property
+    def offd(self) -> Pattern:
+        """Off-diagonal pattern (ghost columns, compressed ids), built on first use."""
+        if self._offd is None:
+            n_loc_rows = self.rend - self.rstart
+            self._offd = Pattern(_sub_indptr(self.off_row, n_loc_rows), self.off_col, n_loc_rows,
+                                 int(self.ghost_ids.numel()))
+        return self._offd
 
     def transposed(self) -> Tuple[Pattern, torch.Tensor]:
         """``(scalar pattern of A_diag^T with one extra zero row, perm)``: the transposed
         diagonal-block product's values are ``values.reshape(-1)[perm]``."""
         if self._transposed is None:
-            P = self.diag if self.n_offd == 0 else Pattern(*self._slot)
+            if self.n_offd == 0:
+                P = self.diag
+            elif not self.recompute:
+                P = self.bulk
+            else:
+                p = self._pattern
+                P = Pattern(p.indptr, self._slot_indices(self._in_diag()), p.M, self.cend - self.cstart + 1)
             if self.block:
                 ps, perm_s = P.scalar(*self.block)
             else:
@@ -121,6 +179,35 @@ class _RowLayout:
             pt, perm_t = ps.transpose()
             self._transposed = (pt, perm_t if perm_s is None else perm_s[perm_t])
         return self._transposed
+
+    def diagonal(self, values: torch.Tensor, present: bool = False):
+        """The diagonal block's scalar main diagonal (zeros where not stored), from ``values``
+        as they are now, scanning the rows in chunks (no O(nnz) index array is kept or
+        built). With ``present``, also a bool per scalar row: a diagonal entry is stored."""
+        p = self._pattern
+        n, ncols = self.rend - self.rstart, self.cend - self.cstart
+        br, bc = self.br, self.bc
+        k = min(n * br, ncols * bc)
+        if self.block and br != bc:
+            d = self.diag
+            sub = SparseTensor._make(d, values[self.diag_pos], (d.M, d.N) + self.block, 2)
+            out = sub.diagonal()
+            return (out, torch.ones(k, dtype=torch.bool, device=out.device)) if present else out
+        out = values.new_zeros((n, br))
+        have = torch.zeros((n, br), dtype=torch.bool, device=values.device)
+        ip, cols = p.indptr, p.indices
+        for a in range(0, n, _CHUNK_ROWS):
+            b = min(n, a + _CHUNK_ROWS)
+            lo, hi = int(ip[a]), int(ip[b])
+            r = torch.repeat_interleave(torch.arange(a, b, device=cols.device), ip[a + 1:b + 1] - ip[a:b])
+            pos = torch.nonzero(cols[lo:hi] - self.cstart == r).flatten()
+            v = values[pos + lo]
+            if self.block:
+                v = v.diagonal(dim1=-2, dim2=-1)
+            out.index_add_(0, r[pos], v.reshape(-1, br))
+            have[r[pos]] = True
+        out, have = out.reshape(-1)[:k], have.reshape(-1)[:k]
+        return (out, have) if present else out
 
     @property
     def bc(self) -> int:
@@ -232,9 +319,11 @@ def _reverse_product(L: "_RowLayout", values: torch.Tensor, y: torch.Tensor) -> 
 def _values_grad(L: "_RowLayout", values: torch.Tensor, left: torch.Tensor, right: torch.Tensor,
                  right_ghost: torch.Tensor) -> torch.Tensor:
     """``d <left, A right> / d values`` (``right_ghost``: the ghost rows of ``right``)."""
-    gv = torch.zeros_like(values)
-    nd, no = L.diag_pos.numel(), L.offd_pos.numel()
     pd, permd = (L.diag, None) if not L.block else L.diag.scalar(*L.block)
+    if L.n_offd == 0:  # every entry is a diagonal-block entry, in order
+        return _unscalar_grad(_csr_value_grad(pd, left, right), permd, values.shape[0], L.block)
+    gv = torch.zeros_like(values)
+    nd, no = L.diag.nnz, L.offd_pos.numel()
     gv[L.diag_pos] = _unscalar_grad(_csr_value_grad(pd, left, right), permd, nd, L.block)
     if no:
         po, permo = (L.offd, None) if not L.block else L.offd.scalar(*L.block)
@@ -323,6 +412,31 @@ def _to_sparse_tensor(A) -> SparseTensor:
         return SparseTensor.from_torch(A)
     raise TypeError(f"A must be a SparseTensor, a scipy.sparse matrix or a torch sparse tensor, "
                     f"got {type(A).__name__}")
+
+
+def _sorted_csr(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, shape, block_shape):
+    """Local. The rows as a SparseTensor sharing the caller's arrays when every row's columns
+    are strictly increasing and in range and the values are finite (what ``from_coo`` would
+    build, without its O(nnz) sort and copies); ``None`` otherwise."""
+    if indices.dtype != torch.int64 or values.dtype == torch.bool or \
+            not (values.dtype.is_floating_point or values.dtype.is_complex):
+        return None
+    dev = values.device
+    idx = indices.to(device=dev).contiguous()
+    nnz, N = idx.numel(), shape[1]
+    if nnz:
+        if int(idx.min()) < 0 or int(idx.max()) >= N:
+            return None
+        if nnz > 1:
+            ok = idx[1:] > idx[:-1]
+            starts = indptr[1:-1].to(dev)
+            ok[starts[(starts > 0) & (starts < nnz)] - 1] = True  # no order across rows
+            if not bool(ok.all()):
+                return None
+        if not bool(torch.isfinite(values).all()):
+            return None
+    pattern = Pattern(indptr.to(dev).contiguous(), idx, shape[0], N)
+    return SparseTensor._make(pattern, values, shape, len(block_shape))
 
 
 def _split_offsets(n: int, size: int) -> np.ndarray:
@@ -556,9 +670,11 @@ class DSparseTensor:
                 n_local_cols = operator.index(n_local_cols)
                 if n_local_cols < 0:
                     raise ValueError(f"n_local_cols must be >= 0, got {n_local_cols}")
-            counts = ip64[1:] - ip64[:-1]
-            rows = torch.repeat_interleave(torch.arange(n_loc), counts)
-            local = SparseTensor.from_coo(rows, idx, vals, (n_loc, N) + block_shape, block_shape=block_shape)
+            local = _sorted_csr(ip64, idx, vals, (n_loc, N) + block_shape, block_shape)
+            if local is None:  # unsorted or duplicate columns (or an error to report): the COO path
+                counts = ip64[1:] - ip64[:-1]
+                rows = torch.repeat_interleave(torch.arange(n_loc), counts)
+                local = SparseTensor.from_coo(rows, idx, vals, (n_loc, N) + block_shape, block_shape=block_shape)
             info = (global_shape, str(local.dtype), local.M, n_local_cols, local.device.type)
         except Exception as e:  # any failure must reach every rank, never leave one behind
             err = e
@@ -859,8 +975,7 @@ class DSparseTensor:
 
     def diagonal(self) -> torch.Tensor:
         """Local. The owned rows' scalar diagonal (square row shard)."""
-        self._need_row_shard("diagonal")
-        return self.diag.diagonal()
+        return self._need_row_shard("diagonal").diagonal(self.values)
 
     # -- global vectors ---------------------------------------------------------
     def _row_perm(self):

@@ -13,8 +13,8 @@ import time
 import torch
 
 from .. import _log
-from .._comm import allreduce_sum, check_collective
-from . import torch_methods, torch_pc
+from .._comm import check_collective
+from . import torch_methods, torch_operator, torch_pc
 
 __all__ = ["TorchKrylov"]
 
@@ -23,11 +23,23 @@ _METHODS = {"cg": torch_methods.cg, "gmres": torch_methods.gmres, "minres": torc
 _SYMMETRIC = {"cg", "minres"}
 
 
-def _build_pc(dA, pc, transpose: bool):
+def _jacobi(d: torch.Tensor, have: torch.Tensor):
+    """Point Jacobi from the owned diagonal (what ``torch_pc.jacobi`` builds from the diagonal
+    block's CSR, without a copy of the block)."""
+    bad = ~have | (d == 0)
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(f"jacobi: diagonal entry of local row {i} is {'missing' if not bool(have[i]) else 'zero'}")
+    return torch_pc._apply_diag(1.0 / d)
+
+
+def _build_pc(dA, pc, transpose: bool, diag=None):
     if pc is None or pc == "none":
         return None
     if callable(pc):
         return torch_pc.from_callable(pc)
+    if pc == "jacobi":  # the diagonal is the transpose's too
+        return _jacobi(*(diag if diag is not None else dA._layout.diagonal(dA.values.detach(), present=True)))
     D = dA.diag.scalar()
     if transpose:
         D = D.T
@@ -79,20 +91,31 @@ class TorchKrylov:
     def _pc(self, dA, transpose: bool, reuse: bool = False):
         """Collective. The preconditioner for ``dA``'s current values (one check_collective);
         with ``reuse`` the one built for earlier values, if any."""
-        vals = dA.values.detach()
-        snap = self._snapshot
+        spec = self._pc_spec
+        diag = None
         if reuse and self._pcs:
             pass
-        elif snap is None or snap.shape != vals.shape or snap.dtype != vals.dtype or \
-                snap.device != vals.device or not torch.equal(snap, vals):
-            self._pcs.clear()
-            self._snapshot = vals.clone()
+        elif spec is None or spec == "none" or callable(spec):
+            pass  # nothing built from the values
+        else:
+            # the snapshot holds what the preconditioner is built from: the diagonal for
+            # Jacobi (n values, not a copy of the matrix), else the values
+            if spec == "jacobi":
+                diag = dA._layout.diagonal(dA.values.detach(), present=True)
+                vals = diag[0]
+            else:
+                vals = dA.values.detach()
+            snap = self._snapshot
+            if snap is None or snap.shape != vals.shape or snap.dtype != vals.dtype or \
+                    snap.device != vals.device or not torch.equal(snap, vals):
+                self._pcs.clear()
+                self._snapshot = vals.clone()
         key = transpose and self.method not in _SYMMETRIC
         err = None
         if key not in self._pcs:
             t0 = time.perf_counter()
             try:
-                self._pcs[key] = _build_pc(dA, self._pc_spec, key)
+                self._pcs[key] = _build_pc(dA, spec, key, diag)
             except (ValueError, TypeError) as e:
                 err = e
                 self._snapshot = None
@@ -103,13 +126,14 @@ class TorchKrylov:
 
     def _run(self, dA, b, x0, transpose, *, rtol, atol, maxiter, callback, record_history, reuse_pc=False):
         comm = self.comm
-        op = dA.rmatvec if transpose and self.method not in _SYMMETRIC else dA.matvec
+        op = (dA.rmatvec if transpose and self.method not in _SYMMETRIC
+              else torch_operator.krylov_matvec(dA, b))
         t0 = time.perf_counter()
         with _log.phase("setup", _log.event("slaPCSetUp")):
             M = self._pc(dA, transpose, reuse_pc)
         t1 = time.perf_counter()
         kw = dict(x0=x0, rtol=rtol, atol=atol, maxiter=maxiter, M=M,
-                  reduce_sum=lambda t: allreduce_sum(comm, t), callback=callback,
+                  reduce_sum=torch_operator.krylov_reducer(comm), callback=callback,
                   record_history=record_history)
         if self.method == "gmres":
             kw["restart"] = self._restart
