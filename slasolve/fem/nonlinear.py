@@ -21,7 +21,11 @@ assembled ``dR/du`` with the constrained rows and columns zeroed and 1 on their
 diagonal (:meth:`DirichletBC.apply`): symmetric whenever the physics tangent is,
 *and* the exact derivative of the residual (so the adjoint of ``nonlinear_solve`` is
 right, also for gradients with respect to ``g``). Any ``u0`` works; after the first
-Newton step ``u_D = g`` holds exactly.
+Newton step ``u_D = g`` holds exactly. The first residual and tangent are evaluated at
+``u0`` with ``g`` inserted (as when a Dirichlet condition is applied to the initial guess
+in other codes): for large prescribed values on a fine mesh (one layer of cells taking
+the whole jump, e.g. inverting elements in hyperelasticity) start from an extension of
+``g`` into the domain or step the load.
 
 :class:`NonlinearDiffusion` (this module): ``-div(κ (1 + u²) ∇u) = f`` with ``κ`` per
 cell (the quasilinear model problem of the FEniCS tutorial). Its tangent
