@@ -199,6 +199,29 @@ def _dots(pairs) -> Tensor:
 
 
 # --------------------------------------------------------------------------- CG
+def _host_reducers(red):
+    """``(sum1, sumv)``: reduce a 0-d tensor to a float / a 1-D CPU tensor to a list.
+
+    A ``reduce_sum`` with a ``host_inplace(ndarray)`` attribute (an in-place
+    Allreduce, as the torch backend passes) reduces the CPU tensor's NumPy view in
+    place: no tensor is created per reduction."""
+    inplace = getattr(red, "host_inplace", None)
+    if red is _identity:          # one rank
+        return (lambda t: t.item()), (lambda t: t.tolist())
+    if inplace is not None:
+        def sum1(t: Tensor) -> float:
+            a = t.reshape(1).numpy()
+            inplace(a)
+            return float(a[0])
+
+        def sumv(t: Tensor) -> list:
+            a = t.numpy()
+            inplace(a)
+            return a.tolist()
+        return sum1, sumv
+    return (lambda t: red(t.reshape(1)).tolist()[0]), (lambda t: red(t).tolist())
+
+
 @torch.no_grad()
 def cg(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor] = None,
        rtol: float = 1e-5, atol: float = 0.0, maxiter: Optional[int] = None,
@@ -211,8 +234,82 @@ def cg(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor] = 
     Collective over the ranks ``reduce_sum`` spans. Classical (Hestenes-Stiefel)
     recurrence with 2 reductions and 1 host synchronisation per iteration.
     Returns ``(x, info)``; see the module docstring for the conventions.
+
+    On the CPU the scalars live on the host (a host "synchronisation" is free
+    there) and an iteration is 7 torch calls besides the operator: ``p.q``,
+    two ``add_``, the Jacobi product into preallocated storage, ``[r.r, z.r]``
+    as one matrix-vector product of the stacked ``[r; z]``, and the fused
+    ``p = z + beta p``. Elsewhere the step length stays on the device.
     """
     run = _Run("cg", b, x0, matvec, reduce_sum, rtol, atol, maxiter, callback, record_history)
+    if b.device.type != "cpu":
+        return _cg_device(run, M)
+    x, r, red = run.x, run.r, run.reduce
+    sum1, sumv = _host_reducers(red)
+    d = None
+    if M is None:
+        RZ, z = None, r
+        bb, rr, ng = sumv(torch.cat([_dots([(b, b), (r, r)]), run.nloc()]))
+        rz = rr
+    else:
+        RZ = b.new_empty((2, b.numel()))     # rows r, z: [r.r, z.r] in one product
+        RZ[0].copy_(r)
+        r, z = RZ[0], RZ[1]
+        inv_diag = getattr(M, "inv_diag", None)
+        if inv_diag is not None:
+            d = inv_diag(b.dtype, b.device)
+            torch.mul(r, d, out=z)
+        else:
+            z.copy_(M(r))
+        bb, rr, rz, ng = sumv(torch.cat([_dots([(b, b), (r, r), (r, z)]), run.nloc()]))
+    done = run.start(bb, rr, ng)
+    if done is not None:
+        return run.x, done
+    if not _fin(rz):
+        return x, run.finish("DIVERGED_NANORINF", 0)
+    if rz < 0:
+        return x, run.finish("DIVERGED_INDEFINITE_PC", 0)
+    if rz == 0:
+        return x, run.finish("DIVERGED_BREAKDOWN", 0)
+    p = z.clone()
+    buf = b.new_empty(2)
+    tol = run.tol
+    for k in range(1, run.maxiter + 1):
+        q = matvec(p)
+        pap = sum1(torch.dot(p, q))
+        alpha = rz / pap if pap > 0 else 0.0   # 0 on failure (NaN too): x, r untouched
+        x.add_(p, alpha=alpha)
+        r.add_(q, alpha=-alpha)
+        if M is None:
+            rr = rz_new = sum1(torch.dot(r, r))
+        else:
+            if d is not None:
+                torch.mul(r, d, out=z)
+            else:
+                z.copy_(M(r))
+            torch.mv(RZ, r, out=buf)
+            rr, rz_new = sumv(buf)
+        if not _fin(pap, rr, rz_new):
+            run.step(k, _sqrt(rr) if _fin(rr) else float("nan"))
+            return x, run.finish("DIVERGED_NANORINF", k)
+        if pap <= 0:
+            return x, run.finish("DIVERGED_INDEFINITE_MAT", k)
+        rnorm = _sqrt(rr)
+        run.step(k, rnorm)
+        if rnorm <= tol:
+            return x, run.finish(run.conv_reason(rnorm), k)
+        if rz_new < 0:
+            return x, run.finish("DIVERGED_INDEFINITE_PC", k)
+        if rz_new == 0:
+            return x, run.finish("DIVERGED_BREAKDOWN", k)
+        torch.add(z, p, alpha=rz_new / rz, out=p)
+        rz = rz_new
+    return x, run.finish("DIVERGED_ITS", run.maxiter)
+
+
+def _cg_device(run: "_Run", M) -> tuple[Tensor, SolveInfo]:
+    """CG with the step lengths kept on the device (no host synchronisation for ``p^T A p``)."""
+    b, matvec = run.b, run.matvec
     x, r, red = run.x, run.r, run.reduce
     z = r if M is None else M(r)
     if M is None:

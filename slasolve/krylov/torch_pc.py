@@ -82,13 +82,19 @@ def local_diagonal(indptr: Tensor, indices: Tensor, values: Tensor, n: int,
 def _apply_diag(inv: Tensor) -> Callable[[Tensor], Tensor]:
     cache: dict = {}
 
-    def apply(r: Tensor) -> Tensor:
-        key = (r.dtype, r.device)
+    def inv_diag(dtype: torch.dtype, device: torch.device) -> Tensor:
+        key = (dtype, device)
         d = cache.get(key)
         if d is None:
-            d = cache[key] = inv.to(dtype=r.dtype, device=r.device)
+            d = cache[key] = inv.to(dtype=dtype, device=device)
+        return d
+
+    def apply(r: Tensor) -> Tensor:
+        d = inv_diag(r.dtype, r.device)
         return r * (d if r.ndim == 1 else d.reshape((-1,) + (1,) * (r.ndim - 1)))
 
+    # the Krylov kernels fuse ``z = r * inv_diag`` into preallocated storage
+    apply.inv_diag = inv_diag
     return apply
 
 

@@ -1,0 +1,183 @@
+"""Per-iteration overhead of the torch backend's CG + Jacobi at small local sizes (issue 12).
+
+Run: ``mpirun -n 1 python bench/torch_overhead.py`` and ``mpirun -n 2 ...``
+(``--per-rank`` unknowns per rank, default 10,000: 2-D Poisson, ``nx = sqrt(per_rank * ranks)``).
+
+Measured in the same run, contenders alternating (the machine may be loaded: take
+the ratios, best of ``--trials``):
+
+* ``raw_petsc``: a raw petsc4py KSP, CG + Jacobi, ``--iters`` iterations (rtol 1e-30);
+* ``torch``: ``slasolve.solve(..., backend="torch", pc="jacobi")``, same iterations;
+* the per-solve time to ``rtol = 1e-6`` of both (setup included).
+
+Breakdown of the torch CG iteration: the kernel ``torch_methods.cg`` is run with
+timed wrappers around its callables (operator, preconditioner, reduction), so
+``matvec``, ``pc`` and ``reductions`` are measured inside a real solve; ``halo`` is a
+forward halo exchange alone (part of ``matvec``; ``matvec local`` = matvec - halo);
+the rest of the iteration (vector updates, dots, scalar work, Python) is
+``vector updates + Python``, split using the cost of the bare torch vector
+operations of one iteration timed in a loop (``vector ops``).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import COMM, RANK, SIZE, build_dpoisson2d, rhs_local, rprint  # noqa: E402
+
+import torch  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+from slasolve import solve  # noqa: E402
+from slasolve._comm import allreduce_sum  # noqa: E402
+from slasolve.krylov import torch_methods  # noqa: E402
+
+
+def best_time(fn, reps: int, trials: int) -> float:
+    """Collective. Best over ``trials`` of the mean seconds of ``reps`` calls (max over ranks)."""
+    best = math.inf
+    for _ in range(trials):
+        COMM.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        dt = COMM.allreduce((time.perf_counter() - t0) / reps, op=MPI.MAX)
+        best = min(best, dt)
+    return best
+
+
+class Timed:
+    """Wrap a callable, accumulating its wall time."""
+
+    def __init__(self, fn):
+        self.fn, self.t = fn, 0.0
+
+    def __call__(self, *a):
+        t0 = time.perf_counter()
+        out = self.fn(*a)
+        self.t += time.perf_counter() - t0
+        return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--per-rank", type=int, default=10_000)
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--trials", type=int, default=7)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    nx = int(round(math.sqrt(a.per_rank * SIZE)))
+    dA, _ = build_dpoisson2d(nx, COMM)
+    r0, r1 = dA.row_range
+    b = rhs_local(r1 - r0, r0)
+    A = dA.to_petsc()
+    from petsc4py import PETSc
+
+    def make_ksp(rtol, maxit):
+        ksp = PETSc.KSP().create(comm=COMM)
+        ksp.setOperators(A)
+        ksp.setType("cg")
+        ksp.getPC().setType("jacobi")
+        ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)
+        ksp.setTolerances(rtol=rtol, atol=0.0, max_it=maxit)
+        ksp.setUp()
+        return ksp
+    pb, px = A.createVecLeft(), A.createVecRight()
+    pb.getArray()[:] = b.numpy()
+    k_it, k_tol = make_ksp(1e-30, a.iters), make_ksp(1e-6, 10_000)
+
+    def petsc_iters():
+        px.set(0.0)
+        k_it.solve(pb, px)
+
+    def petsc_rtol():
+        px.set(0.0)
+        k_tol.solve(pb, px)
+
+    def torch_iters():
+        return solve(dA, b, "cg", backend="torch", pc="jacobi", rtol=1e-30, maxiter=a.iters,
+                     return_info=True, raise_on_fail=False)
+
+    def torch_rtol():
+        return solve(dA, b, "cg", backend="torch", pc="jacobi", rtol=1e-6, return_info=True)
+
+    _, inf_it = torch_iters()
+    _, inf_tol = torch_rtol()
+    petsc_iters()
+    petsc_rtol()
+    its_p, its_tol_p = k_it.getIterationNumber(), k_tol.getIterationNumber()
+    assert inf_it.iterations == its_p == a.iters, (inf_it.iterations, its_p)
+    # alternate contenders, best of trials
+    t = {"raw_petsc": math.inf, "torch": math.inf, "raw_petsc_rtol": math.inf, "torch_rtol": math.inf}
+    fns = {"raw_petsc": petsc_iters, "torch": torch_iters, "raw_petsc_rtol": petsc_rtol, "torch_rtol": torch_rtol}
+    for trial in range(a.trials):
+        for k in (list(fns) if trial % 2 == 0 else list(fns)[::-1]):
+            t[k] = min(t[k], best_time(fns[k], 1, 1))
+
+    # breakdown inside a real kernel run: the backend's own operator, reducer and
+    # preconditioner, wrapped in timers (attributes the kernel looks for pass through)
+    from slasolve.krylov.torch_backend import _build_pc
+    from slasolve.krylov.torch_operator import krylov_matvec, krylov_reducer
+    M0 = _build_pc(dA, "jacobi", False)
+    comm = dA.comm
+    halo = dA.halo
+    parts = None
+    for _ in range(a.trials):
+        mv, pc = Timed(krylov_matvec(dA, b)), Timed(M0)
+        if hasattr(M0, "inv_diag"):
+            pc.inv_diag = M0.inv_diag  # fused into the kernel's vector updates
+        red0 = krylov_reducer(comm)
+        red = red_in = None
+        if red0 is not None:
+            red, red_in = Timed(red0), Timed(red0.host_inplace)
+            red.host_inplace = red_in
+        COMM.Barrier()
+        t0 = time.perf_counter()
+        torch_methods.cg(mv, b, rtol=1e-30, maxiter=a.iters, M=pc, reduce_sum=red)
+        tot = time.perf_counter() - t0
+        cand = [tot, mv.t, pc.t, (red.t + red_in.t) if red is not None else 0.0]
+        cand = COMM.allreduce(cand, op=MPI.MAX)  # lexicographic: the slowest rank's parts
+        if parts is None or cand[0] < parts[0]:
+            parts = cand
+    tot, t_mv, t_pc, t_red = (v / a.iters for v in parts)
+    x = torch.ones(r1 - r0, dtype=torch.float64)
+    t_halo = 0.0
+    if halo.n_ghost or halo.n_send:
+        t_halo = best_time(lambda: halo.finish(halo.start_forward(x)), a.iters, a.trials)
+    # bare torch vector work of one CG+Jacobi iteration (2 axpy, pc multiply, 3 dots, p update)
+    xv, rv, pv, qv, zv, dv = (torch.rand(r1 - r0, dtype=torch.float64) for _ in range(6))
+
+    def vec_ops():
+        torch.dot(pv, qv)
+        xv.add_(pv, alpha=1e-9)
+        rv.add_(qv, alpha=-1e-9)
+        torch.mul(rv, dv, out=zv)
+        torch.dot(rv, rv)
+        torch.dot(rv, zv)
+        pv.mul_(0.5).add_(zv)
+    t_vec = best_time(vec_ops, a.iters, a.trials)
+    rest = tot - t_mv - t_pc - t_red
+    per = {k: t[k] / (a.iters if "rtol" not in k else 1) for k in t}
+    rprint(f"torch CG+Jacobi overhead, {SIZE} rank(s), {r1 - r0} unknowns on rank 0 (n = {nx * nx}), "
+           f"{a.iters} iterations, best of {a.trials}")
+    rprint(f"  per iteration: raw PETSc {per['raw_petsc'] * 1e6:8.1f} us | torch solve() "
+           f"{per['torch'] * 1e6:8.1f} us | ratio {per['torch'] / per['raw_petsc']:.2f}")
+    rprint(f"  per solve to rtol=1e-6 ({inf_tol.iterations} its torch, {its_tol_p} PETSc): raw PETSc "
+           f"{per['raw_petsc_rtol'] * 1e3:.2f} ms | torch {per['torch_rtol'] * 1e3:.2f} ms | ratio "
+           f"{per['torch_rtol'] / per['raw_petsc_rtol']:.2f}")
+    rprint(f"  breakdown of a kernel iteration ({tot * 1e6:.1f} us, ratio to PETSc "
+           f"{tot / per['raw_petsc']:.2f}):")
+    rows = [("matvec (total)", t_mv), ("  halo exchange alone", t_halo),
+            ("  matvec local (matvec - halo)", t_mv - t_halo), ("preconditioner apply (unfused)", t_pc),
+            ("reductions", t_red), ("vector updates + Python", rest),
+            ("  bare vector ops", t_vec), ("  Python / scalar work", rest - t_vec)]
+    for name, v in rows:
+        rprint(f"    {name:32s} {v * 1e6:8.1f} us  {v / per['raw_petsc']:5.2f} x PETSc it")
+
+
+if __name__ == "__main__":
+    main()
