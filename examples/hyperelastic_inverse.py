@@ -56,16 +56,11 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-import slasolve
 from slasolve import global_sum as allreduce_sum
 from slasolve.fem import Assembler, DirichletBC, NeoHookean, boundary_dofs, box_mesh, cell_laplacian, write_mesh
 from slasolve.testing import local_slice
+from slasolve import nonlinear_solve
 from slasolve import parse_args as parse_petsc_args  # noqa: E402
-
-try:
-    from slasolve import nonlinear_solve
-except ImportError:  # pragma: no cover - older layout
-    from slasolve.nonlinear import nonlinear_solve
 
 LENGTH, HEIGHT = 2.0, 1.0
 MU_MIN, LAMBDA = 0.1, 4.0

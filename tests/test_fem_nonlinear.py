@@ -20,12 +20,8 @@ from slasolve.fem import (Assembler, DirichletBC, NeoHookean, NonlinearDiffusion
                           l2_error)
 from slasolve.fem.hyperelastic import neo_hookean_stress
 from slasolve.fem.problems import convergence_rates, lame
+from slasolve import nonlinear_solve
 from slasolve.testing import local_slice
-
-try:
-    from slasolve import nonlinear_solve
-except ImportError:  # until the top-level export lands
-    from slasolve.nonlinear import nonlinear_solve
 
 pytestmark = pytest.mark.mpi
 
