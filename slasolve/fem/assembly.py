@@ -353,15 +353,19 @@ class Assembler:
             check_collective(self.comm, err)
         Ke = element_matrices.to(self.device)
         if bs > 1:
-            flat = Ke.reshape(E, nv, bs, nv, bs).permute(0, 1, 3, 2, 4).reshape(E * nv * nv, bs, bs)
+            flat = Ke.reshape(E, nv, bs, nv, bs).permute(2, 4, 0, 1, 3).reshape(bs * bs, E * nv * nv)
         else:
             flat = Ke.reshape(E * nv * nv)
         return self._assemble_slots(flat)
 
     def _assemble_slots(self, flat: torch.Tensor) -> DSparseTensor:
-        """Collective. Entries ``(E*nv*nv[, bs, bs])`` in element-slot order -> the matrix."""
-        buf = flat.new_zeros((self.nnz + self.n_remote,) + flat.shape[1:])
-        buf = buf.index_add(0, self._slot, flat)
+        """Collective. Entries in element-slot order -> the matrix: ``(E*nv*nv,)`` for scalars,
+        ``(bs*bs, E*nv*nv)`` (block entry major) for blocks: an ``index_add`` along the last
+        dim is several times faster than one over ``(bs, bs)`` rows."""
+        buf = flat.new_zeros(flat.shape[:-1] + (self.nnz + self.n_remote,))
+        buf = buf.index_add(flat.dim() - 1, self._slot, flat)
+        if flat.dim() > 1:
+            buf = buf.T.reshape(-1, self.bs, self.bs)
         values = buf[:self.nnz]
         if self.comm.Get_size() > 1:
             values = values + self.nnz_plan.reverse(buf[self.nnz:])
@@ -391,10 +395,9 @@ class Assembler:
         before the reverse halo (no checks)."""
         E, nv, bs = element_vectors.shape
         n = self.mesh.node_ids.shape[0]
-        fe = element_vectors.reshape(E * nv, bs)
-        if bs == 1:  # 1-D index_add: the (n, 1) form takes a slow row-copy path
-            return fe.new_zeros(n).index_add(0, self._node_slot, fe.reshape(-1)).reshape(n, 1)
-        return fe.new_zeros((n, bs)).index_add(0, self._node_slot, fe)
+        # index_add along the last dim: over (n, bs) rows torch takes a slow row-by-row path
+        fe = element_vectors.permute(2, 0, 1).reshape(bs, E * nv)
+        return fe.new_zeros((bs, n)).index_add(1, self._node_slot, fe).T
 
     def _owned_from_local(self, buf: torch.Tensor) -> torch.Tensor:
         """Collective. Sums on every local node ``(n_local_nodes, bs)`` -> owned dofs (reverse halo)."""
@@ -437,16 +440,16 @@ class Assembler:
         E, nv, bs = self.mesh.n_local_cells, self.nv, self.bs
 
         def parts():
-            # (E, nv*nv*bs*bs) in slot order (node pair, then the bs x bs block): no permute per call
+            # (bs*bs, E, nv*nv): the layout _assemble_slots scatters, so no permute per call
             KL, KM = _el.elasticity_parts(self.cell_coords, self.cell)
-            f = lambda K: K.reshape(E, nv, bs, nv, bs).permute(0, 1, 3, 2, 4).reshape(E, -1)  # noqa: E731
-            return f(KL), f(KM)
+            f = lambda K: K.reshape(E, nv, bs, nv, bs).permute(2, 4, 0, 1, 3).reshape(bs * bs, E, nv * nv)  # noqa: E731
+            return f(KL).contiguous(), f(KM).contiguous()
 
         def kernel():
             _, lam, mu = _el._elasticity_coefs(E, self.dim, self._coef("young", young), self._coef("nu", nu),
                                                kind, self.cell_coords)
             KL, KM = self._geo("elasticity", parts)
-            return torch.addcmul(mu[:, None] * KM, lam[:, None], KL).reshape(E * nv * nv, bs, bs)
+            return torch.addcmul(mu[:, None] * KM, lam[:, None], KL).reshape(bs * bs, E * nv * nv)
         return self._assemble_slots(self._collective(kernel))
 
     def _nodal_on_cells(self, f) -> torch.Tensor:
@@ -486,7 +489,12 @@ class Assembler:
                             + ("" if bs == 1 else f", {bs}") + f"), got {type(f).__name__}")
         if not bool(torch.isfinite(vloc.detach()).all()):
             raise ValueError("f contains NaN or infinite values")
-        return vloc[self.local_cells]
+        return self._gather_cells(vloc)
+
+    def _gather_cells(self, vloc: torch.Tensor) -> torch.Tensor:
+        """(n_local_nodes, bs) -> (E, nv, bs), a view of a contiguous (bs, E, nv) gather (the
+        layout of :meth:`_load_kernel`; gathering (bs,) rows is slow)."""
+        return vloc.T[:, self.local_cells].permute(1, 2, 0)
 
     @_log.logged("slaAssembly")
     def load(self, f=1.0) -> torch.Tensor:
@@ -515,14 +523,14 @@ class Assembler:
                 err = ValueError("f contains NaN or infinite values")
             check_collective(self.comm, err)
             vloc = self.fetch_ghosts(owned.to(dtype=self.dtype, device=self.device))
-            fe = vloc.reshape(-1, self.bs)[self.local_cells]
-        if fe.dim() == 3 and fe.stride(0) == 0 and fe.stride(1) == 0:
+            fe = self._gather_cells(vloc.reshape(-1, self.bs))
+        if fe.dim() == 3 and fe.shape[0] > 0 and fe.stride(0) == 0 and fe.stride(1) == 0:
             # a constant: scale the cached ∫ v of every local node (no per-cell work)
             w = self._geo("load(1)", lambda: self._local_sums(self._load_kernel(
                 torch.ones((1, 1, 1), dtype=self.dtype, device=self.device).expand(fe.shape[0], self.nv, 1))))
             return self._owned_from_local(w * fe[0, 0])
         be = self._collective(lambda: self._load_kernel(fe))
-        return self.assemble_vector(be, check=False)
+        return self._owned_from_local(self._local_sums(be))
 
     def _load_kernel(self, fe: torch.Tensor) -> torch.Tensor:
         """``be[e,i,:] = Σ_j M_e[i,j] fe[e,j,:]`` for vertex values ``fe (E, nv, bs)``."""
@@ -530,11 +538,12 @@ class Assembler:
             # P1 simplex mass: |e| (1 + δ_ij) / ((d+1)(d+2)); only the volumes are cached
             d = self.dim
             c = self._geo("volume/(d+1)(d+2)", lambda: (_el.element_volume(self.cell_coords, self.cell)
-                                                        / ((d + 1) * (d + 2)))[:, None, None])
-            tot = fe[:, 0]
-            for j in range(1, fe.shape[1]):  # over the nv vertices (torch's sum over a short middle dim is slow)
-                tot = tot + fe[:, j]
-            return c * (fe + tot[:, None])
+                                                        / ((d + 1) * (d + 2)))[:, None])
+            x = fe.permute(2, 0, 1)          # (bs, E, nv): the layout _local_sums scatters
+            tot = x[..., 0]
+            for j in range(1, x.shape[2]):   # over the nv vertices (torch's sum over a short dim is slow)
+                tot = tot + x[..., j]
+            return (x + tot[..., None]).mul_(c).permute(1, 2, 0)
         return torch.einsum("eij,ejd->eid", self._ref_mass(), fe)
 
     def neumann(self, g=1.0, where: Optional[Callable[[torch.Tensor], torch.Tensor]] = None) -> torch.Tensor:
