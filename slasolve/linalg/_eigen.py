@@ -19,8 +19,9 @@ from ._system import digest, gather_rows, row_block, split_rows
 __all__ = ["eigsh", "ArpackNoConvergence"]
 
 _WHICH = ("LM", "SM", "LA", "SA", "BE")
-#: slasolve's relative residual tolerance for SciPy's ``tol=0`` ("machine precision")
-TOL_ZERO = 1e-14
+#: slasolve's relative residual tolerance for SciPy's ``tol=0`` ("machine precision"), per
+#: backend: tighter values make the native shift-invert's inner MINRES unattainable
+TOL_ZERO = {"slepc": 1e-12, "torch": 1e-10}
 
 
 def _complex(what, dt) -> TypeError:
@@ -76,15 +77,16 @@ def eigsh(A, k=6, M=None, sigma=None, which='LM', v0=None, ncv=None, maxiter=Non
     end and ``k - k // 2`` from the high end, as SciPy); ``sigma`` shift-invert with
     ``mode='normal'`` and ``which='LM'`` (the eigenvalues nearest ``sigma``); ``k >= N``
     falls back to :func:`scipy.linalg.eigh` for dense ``A`` with SciPy's RuntimeWarning
-    and TypeErrors. ``tol=0`` (ARPACK's machine precision) means slasolve's relative residual tolerance
-    :data:`TOL_ZERO`. Non-convergence raises SciPy's ``ArpackNoConvergence`` (partial
-    results attached). Eigenvalues come back ascending (with ``return_eigenvectors=False``
-    in SciPy's documented orders). Not supported (ValueError/TypeError naming it):
+    and TypeErrors. ``tol=0`` (ARPACK's machine precision) means slasolve's relative residual
+    tolerance :data:`TOL_ZERO` (1e-12 SLEPc, 1e-10 native), followed by one Rayleigh-Ritz
+    step. Non-convergence raises SciPy's ``ArpackNoConvergence`` (partial results attached).
+    Eigenvalues come back ascending (with ``return_eigenvectors=False`` in SciPy's
+    documented orders). Not supported (ValueError/TypeError naming it):
     complex/Hermitian input, ``mode='buckling'``/``'cayley'``, ``Minv``, ``OPinv``,
     ``sigma`` with ``which != 'LM'``, a ``LinearOperator`` ``A`` or ``M`` (matrix-free
     eigsh). ``comm`` / a DSparseTensor ``A`` as in :mod:`slasolve.linalg`.
     """
-    from ..eigen.eigsh import eigsh as _eigsh
+    from ..eigen.eigsh import default_backend as _default_backend, eigsh as _eigsh
     rows_mode = isinstance(A, DSparseTensor)
     ccomm = A.comm if rows_mode else (comm if isinstance(comm, MPI.Comm) else MPI.COMM_SELF)
     replicated = not rows_mode and ccomm.Get_size() > 1
@@ -178,13 +180,20 @@ def eigsh(A, k=6, M=None, sigma=None, which='LM', v0=None, ncv=None, maxiter=Non
             r0, r1 = 0, n
             dA, dM = S, SM
         v0_t = None if v0 is None else torch.as_tensor(np.array(v0[r0:r1], dtype=dt))
+    V_rows = (A.n_local if rows_mode else n)
     kw = dict(M=dM, sigma=None if sigma is None else float(sigma), v0=v0_t,
-              tol=float(tol) if tol and tol > 0 else TOL_ZERO, maxiter=maxiter, ncv=ncv, backend=backend,
+              tol=float(tol) if tol and tol > 0 else TOL_ZERO[backend or _default_backend()],
+              maxiter=maxiter, ncv=ncv, backend=backend,
               return_info=True, raise_on_fail=False)
 
     def run(kk, wh):
-        with torch.no_grad():
-            w, V, info = _eigsh(dA, kk, which=wh, **kw)
+        from ..eigen.info import EigenConvergenceError
+        try:
+            with torch.no_grad():
+                w, V, info = _eigsh(dA, kk, which=wh, **kw)
+        except EigenConvergenceError as e:  # raised on every rank: SciPy's exception type
+            raise ArpackNoConvergence(f"ARPACK error -1: No convergence ({e})", np.zeros(0, out_dt),
+                                      np.zeros((V_rows, 0), out_dt)) from e
         return w.detach().cpu().numpy(), V.detach().cpu().numpy(), info
 
     if which == "BE":
