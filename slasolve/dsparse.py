@@ -57,6 +57,51 @@ def _sub_indptr(rows: torch.Tensor, n_rows: int) -> torch.Tensor:
     return indptr
 
 
+class _Pattern32(Pattern):
+    """A pattern stored with int32 column ids, the format the CPU sparse kernels take
+    (:meth:`Pattern.csr32`): no int64 copy is kept; :attr:`indices` converts on demand."""
+
+    def __init__(self, indptr: torch.Tensor, indices32: torch.Tensor, M: int, N: int):
+        self.indptr = indptr
+        self._idx32 = indices32
+        self.M, self.N = int(M), int(N)
+        self._rows = self._transpose = self._csr32 = None
+        self._scalar = {}
+
+    @property
+    def indices(self) -> torch.Tensor:
+        return self._idx32.to(torch.int64)
+
+    @property
+    def nnz(self) -> int:
+        return int(self._idx32.numel())
+
+    @property
+    def device(self) -> torch.device:
+        return self._idx32.device
+
+    def csr32(self) -> tuple:
+        if self._csr32 is None:
+            self._csr32 = (self.indptr.to(torch.int32), self._idx32)
+        return self._csr32
+
+
+def _bulk_pattern(pattern: Pattern, in_diag: torch.Tensor, cstart: int, fill: int, ncols: int) -> Pattern:
+    """The pattern of all local entries with owned columns as local ids and ghost columns
+    pointed at ``fill``; int32 on the CPU (built in place: no int64 temporaries)."""
+    cols = pattern.indices
+    small = cols.device.type == "cpu" and pattern.nnz < 2**31 - 1 and ncols < 2**31 - 1
+    idx = cols.to(torch.int32) if small else cols.clone()
+    idx.sub_(cstart).masked_fill_(~in_diag, fill)
+    return _Pattern32(pattern.indptr, idx, pattern.M, ncols) if small else \
+        Pattern(pattern.indptr, idx, pattern.M, ncols)
+
+
+def _rows_of(indptr: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    """The rows of the entries at positions ``pos`` (no per-entry row array)."""
+    return torch.searchsorted(indptr, pos, right=True) - 1
+
+
 class _RowLayout:
     """Collective (constructor). Diagonal/off-diagonal split and halo plan of a row shard.
 
@@ -93,44 +138,40 @@ class _RowLayout:
             self._diag = Pattern(pattern.indptr, local, n_loc_rows, n_loc_cols)
             self.off_row = self.offd_pos
         else:
-            self._bulk_patterns(pattern, _pattern_rows(pattern), in_diag, n_loc_rows, n_loc_cols)
+            self._bulk_patterns(pattern, in_diag, n_loc_rows, n_loc_cols)
         self._transposed = None
         self.petsc_mat = None
         self.petsc_filled_from = None
 
-    def _bulk_patterns(self, pattern: Pattern, rows, in_diag, n_loc_rows: int, n_loc_cols: int) -> None:
+    def _bulk_patterns(self, pattern: Pattern, in_diag, n_loc_rows: int, n_loc_cols: int) -> None:
         """Index arrays for products straight from the values in CSR order (see
         :func:`_forward_product`): patterns only, never values."""
-        self.off_row = rows[self.offd_pos]
+        ip = pattern.indptr
+        self.off_row = _rows_of(ip, self.offd_pos)
         cols = pattern.indices
         brows = torch.unique(self.off_row, sorted=True)
         in_b = torch.zeros(n_loc_rows, dtype=torch.bool, device=cols.device)
         in_b[brows] = True
-        entry_in_b = in_b[rows]
+        entry_in_b = torch.repeat_interleave(in_b, ip[1:] - ip[:-1])
         # recomputing the boundary rows costs about their entries; the zero-slot copy of x
         # costs n_loc_cols: recompute when boundary rows hold few entries
         self.recompute = n_loc_cols > 0 and int(entry_in_b.sum()) * 4 <= pattern.nnz
         if self.recompute:
-            self.bulk = Pattern(pattern.indptr, torch.where(in_diag, cols - self.cstart, 0),
-                                n_loc_rows, n_loc_cols)
+            self.bulk = _bulk_pattern(pattern, in_diag, self.cstart, 0, n_loc_cols)
             self.brows = brows
             bd_pos = torch.nonzero(in_diag & entry_in_b).flatten()
         else:
-            self.bulk = Pattern(pattern.indptr, self._slot_indices(in_diag), n_loc_rows, n_loc_cols + 1)
+            self.bulk = _bulk_pattern(pattern, in_diag, self.cstart, n_loc_cols, n_loc_cols + 1)
             bd_pos = self.offd_pos[:0]
         # entries added after the exchange: fix_pos = [boundary owned-column entries, ghost entries]
         self.n_bd = int(bd_pos.numel())
         self.bd_col = cols[bd_pos] - self.cstart
         self.fix_pos = torch.cat([bd_pos, self.offd_pos])
-        self.fix_row = rows[self.fix_pos]
+        self.fix_row = _rows_of(ip, self.fix_pos)
 
     def _in_diag(self) -> torch.Tensor:
         cols = self._pattern.indices
         return (cols >= self.cstart) & (cols < self.cend)
-
-    def _slot_indices(self, in_diag) -> torch.Tensor:
-        """Owned columns' local ids, ghost columns pointed at the extra zero slot ``n_loc_cols``."""
-        return torch.where(in_diag, self._pattern.indices - self.cstart, self.cend - self.cstart)
 
     @property
     def diag_pos(self) -> torch.Tensor:
@@ -170,8 +211,8 @@ class _RowLayout:
             elif not self.recompute:
                 P = self.bulk
             else:
-                p = self._pattern
-                P = Pattern(p.indptr, self._slot_indices(self._in_diag()), p.M, self.cend - self.cstart + 1)
+                n_loc_cols = self.cend - self.cstart
+                P = _bulk_pattern(self._pattern, self._in_diag(), self.cstart, n_loc_cols, n_loc_cols + 1)
             if self.block:
                 ps, perm_s = P.scalar(*self.block)
             else:
