@@ -12,7 +12,6 @@ import scipy.linalg as sla
 import scipy.sparse as sp
 import scipy.sparse.linalg as ssl
 import torch
-from mpi4py import MPI
 
 import slasolve.linalg as L
 from slasolve.testing import distribute

@@ -27,13 +27,13 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 from mpi4py import MPI
-from scipy.sparse.linalg import LinearOperator, aslinearoperator
+from scipy.sparse.linalg import aslinearoperator
 
 from .._comm import allreduce_sum
 from ..dsparse import DSparseTensor, _split_offsets
 from ..sparse import SparseTensor
 
-__all__ = ["System", "result_char", "digest"]
+__all__ = ["System", "result_char", "digest", "row_block", "split_rows", "gather_rows"]
 
 _COERCE = {"f": {"f": "f", "d": "d"}, "d": {"f": "d", "d": "d"}}
 _TORCH = {"f": torch.float32, "d": torch.float64}
@@ -341,7 +341,7 @@ class System:
 
     def _torch_op(self, F) -> Callable[[torch.Tensor], torch.Tensor]:
         """Local rows -> local rows, for a matrix / LinearOperator / callable ``F``."""
-        dtype, name = self.dtype, self.name
+        dtype = self.dtype
         if isinstance(F, DSparseTensor):
             return lambda x: F.matvec(x)
         if sp.issparse(F) and self.mode != "rows":

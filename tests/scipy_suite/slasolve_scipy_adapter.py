@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 import warnings
 
 import numpy as np
