@@ -26,6 +26,100 @@ from .._comm import allreduce_sum
 __all__ = ["krylov_matvec", "krylov_reducer"]
 
 
+_TAG_KRYLOV = 79  # on the halo plans' inner communicator; the plans use 71-73
+
+
+def _csr(rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, m: int, n: int) -> torch.Tensor:
+    """A torch CSR tensor from entries whose ``rows`` are non-decreasing (int32 ids)."""
+    indptr = torch.zeros(m + 1, dtype=torch.int64)
+    if rows.numel():
+        indptr[1:] = torch.cumsum(torch.bincount(rows, minlength=m), 0)
+    return torch.sparse_csr_tensor(indptr.to(torch.int32), cols.to(torch.int32), vals, size=(m, n),
+                                   check_invariants=False)
+
+
+class _Exchange:
+    """A forward halo exchange of the plan's ghost entries with persistent requests.
+
+    The buffers and the request list are made once per solve, so an exchange costs
+    three calls whatever the number of neighbours: gather the rows to send
+    (``index_select`` into the send buffer), ``Startall``, ``Waitall``. Ghosts are
+    sorted, so each neighbour's ghost block lands at its place in the receive
+    buffer. No message headers: the Krylov kernels take every decision from reduced
+    scalars, so every rank runs the same products in the same order, and the
+    vectors were checked (shape, dtype, agreed across ranks) before the solve.
+    """
+
+    def __init__(self, plan, dtype: torch.dtype):
+        self.send = torch.empty(plan.n_send, dtype=dtype)
+        self.recv = torch.empty(plan.n_ghost, dtype=dtype)
+        sn, rn = self.send.numpy(), self.recv.numpy()
+        comm = plan.comm
+        self.reqs = ([comm.Recv_init(rn[a:b], source=r, tag=_TAG_KRYLOV) for r, a, b in plan._recv_slices]
+                     + [comm.Send_init(sn[a:b], dest=r, tag=_TAG_KRYLOV) for r, a, b in plan._send_slices])
+        self.send_idx = plan.send_idx
+        self.startall, self.waitall = MPI.Prequest.Startall, MPI.Request.Waitall
+
+    def start(self, x: torch.Tensor) -> None:
+        torch.index_select(x, 0, self.send_idx, out=self.send)
+        self.startall(self.reqs)
+
+    def finish(self) -> torch.Tensor:
+        self.waitall(self.reqs)
+        return self.recv
+
+    def __del__(self):
+        if not MPI.Is_finalized():
+            for r in self.reqs:
+                if r != MPI.REQUEST_NULL:
+                    r.Free()
+
+
+def _halo_matvec(L, vals: torch.Tensor, fallback):
+    """``x -> A x`` for a scalar CPU row shard with a halo: persistent exchange overlapped
+    with the bulk product, then the ghost (and, in recompute mode, boundary-row) entries
+    as small CSR products built once per solve from the few entries they hold."""
+    ex = _Exchange(L.halo, vals.dtype)
+    ip, ix = L.bulk.csr32()
+    n_rows, n_cols, n_ghost = L.rend - L.rstart, L.cend - L.cstart, L.halo.n_ghost
+    bulk = torch.sparse_csr_tensor(ip, ix, vals, size=(L.bulk.M, L.bulk.N), check_invariants=False)
+    n_bd = L.n_bd
+    off_pos, off_row = L.fix_pos[n_bd:], L.fix_row[n_bd:]
+    mv, addmv = torch.mv, torch.addmv
+    if not L.recompute:
+        # bulk on [x; 0]: the ghost columns point at the zero slot, so y_bulk is exact without them
+        G = _csr(off_row, L.off_col, vals.index_select(0, off_pos), n_rows, n_ghost)
+        xe = vals.new_zeros(n_cols + 1)
+        xo = xe[:n_cols]
+
+        def matvec(x: torch.Tensor) -> torch.Tensor:
+            if x.dim() != 1:
+                return fallback(x)
+            ex.start(x)
+            xo.copy_(x)
+            y = mv(bulk, xe)
+            return addmv(y, G, ex.finish(), out=y)
+        matvec._exchange = ex
+        return matvec
+    # recompute mode: the bulk product is wrong on the boundary rows only; recompute them
+    brows = L.brows
+    nb = brows.numel()
+    bd_pos, bd_row = L.fix_pos[:n_bd], L.fix_row[:n_bd]
+    F1 = _csr(torch.searchsorted(brows, bd_row), L.bd_col, vals.index_select(0, bd_pos), nb, n_cols)
+    F2 = _csr(torch.searchsorted(brows, off_row), L.off_col, vals.index_select(0, off_pos), nb, n_ghost)
+
+    def matvec(x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 1:
+            return fallback(x)
+        ex.start(x)
+        y = mv(bulk, x)
+        yb = mv(F1, x)
+        addmv(yb, F2, ex.finish(), out=yb)
+        return y.index_copy_(0, brows, yb)
+    matvec._exchange = ex
+    return matvec
+
+
 def krylov_matvec(dA, b: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """Local (the products it returns are collective). ``x -> dA @ x`` for a solve of ``dA x = b``.
 
@@ -37,9 +131,16 @@ def krylov_matvec(dA, b: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]
     if L is None or vals.dtype != b.dtype or vals.device != b.device:
         return dA.matvec
     from ..dsparse import _forward_product
+
+    def generic(x: torch.Tensor) -> torch.Tensor:
+        return _forward_product(L, vals, x)[0]
+
+    if L.block or vals.device.type != "cpu" or vals.dtype not in (torch.float32, torch.float64):
+        return generic
     halo = L.halo
-    if (not (halo.n_ghost or halo.n_send) and L.n_offd == 0 and not L.block
-            and vals.device.type == "cpu" and vals.dtype in (torch.float32, torch.float64)):
+    if not (halo.n_ghost or halo.n_send):
+        if L.n_offd:
+            return generic
         P = L.diag
         if P.nnz == 0 or P.M == 0:
             return dA.matvec
@@ -50,10 +151,9 @@ def krylov_matvec(dA, b: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]
         def matvec(x: torch.Tensor) -> torch.Tensor:
             return mv(A, x)
         return matvec
-
-    def matvec(x: torch.Tensor) -> torch.Tensor:
-        return _forward_product(L, vals, x)[0]
-    return matvec
+    if L.n_offd == 0 or L.cend == L.cstart:   # sends only, or no owned columns: rare, keep it simple
+        return generic
+    return _halo_matvec(L, vals, generic)
 
 
 def krylov_reducer(comm) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
