@@ -118,11 +118,14 @@ def ksp_method_name(ksp_type: str) -> str:
     return _FROM_KSP.get(ksp_type, ksp_type)
 
 
-def _pc_entries(name: Optional[str], comm_size: int) -> dict:
+def _pc_entries(name: Optional[str], comm_size: int, method: str) -> dict:
     """Option entries a named preconditioner needs (applied with the call's options)."""
     if name in ("ilu", "icc") and comm_size > 1:
         # PETSc's parallel ILU/ICC is block Jacobi with ILU/ICC sub-solves
         return {"sub_pc_type": name}
+    if name == "asm" and method in _SYMMETRIC:
+        # PETSc's default restricted ASM is not symmetric: CG/MINRES stall with it
+        return {"pc_asm_type": "basic"}
     return {}
 
 
@@ -252,7 +255,7 @@ class PetscKrylov:
     def _option_entries(self, pc_name, prefix, petsc_options) -> dict:
         user = option_entries(petsc_options)
         db = PETSc.Options(prefix)
-        entries = {k: v for k, v in {**_DEFAULT_ENTRIES, **_pc_entries(pc_name, self.comm.Get_size())}.items()
+        entries = {k: v for k, v in {**_DEFAULT_ENTRIES, **_pc_entries(pc_name, self.comm.Get_size(), self.method)}.items()
                    if not db.hasName(k)}
         entries.update(user)
         return entries
