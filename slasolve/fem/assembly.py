@@ -522,7 +522,22 @@ class Assembler:
             if not bool(torch.isfinite(owned.detach()).all()):
                 err = ValueError("f contains NaN or infinite values")
             check_collective(self.comm, err)
-            vloc = self.fetch_ghosts(owned.to(dtype=self.dtype, device=self.device))
+            vo = owned.to(dtype=self.dtype, device=self.device)
+            # b = M f with the assembled (scalar, node-level) mass matrix: one SpMV instead of
+            # per-cell work. It is cached geometry; ranks agree (one Allreduce) on whether to
+            # (re)build it (collective) or, for coordinates that require grad, not to use it.
+            c = self.cell_coords
+            key = None if c.requires_grad else (id(c), c._version)
+            hit = self._geo_cache.get("mass(nodes)")
+            need = 2 if key is None else int(hit is None or hit[0] != key)
+            if self.comm.Get_size() > 1:
+                need = self.comm.allreduce(need, op=MPI.BOR)
+            if not need & 2:
+                if need & 1:
+                    self._geo_cache["mass(nodes)"] = (key, self._node_mass())
+                Ms = self._geo_cache["mass(nodes)"][1]
+                return (Ms @ vo.reshape(self.n_owned_nodes, self.bs)).reshape(-1)
+            vloc = self.fetch_ghosts(vo)
             fe = self._gather_cells(vloc.reshape(-1, self.bs))
         if fe.dim() == 3 and fe.shape[0] > 0 and fe.stride(0) == 0 and fe.stride(1) == 0:
             # a constant: scale the cached ∫ v of every local node (no per-cell work)
@@ -531,6 +546,19 @@ class Assembler:
             return self._owned_from_local(w * fe[0, 0])
         be = self._collective(lambda: self._load_kernel(fe))
         return self._owned_from_local(self._local_sums(be))
+
+    def _node_mass(self) -> DSparseTensor:
+        """Collective. The assembled scalar mass matrix on the node pattern (geometry only)."""
+        M0 = self._ref_mass().reshape(-1)
+        buf = M0.new_zeros(self.nnz + self.n_remote).index_add(0, self._slot, M0)
+        values = buf[:self.nnz]
+        if self.comm.Get_size() > 1:
+            values = values + self.nnz_plan.reverse(buf[self.nnz:])
+        if self.bs == 1:
+            return self.template.with_values(values)
+        N = self.N
+        return DSparseTensor.from_local_rows(self.indptr, self.indices, values.cpu(), (N, N),
+                                             self.comm).to(self.device)
 
     def _load_kernel(self, fe: torch.Tensor) -> torch.Tensor:
         """``be[e,i,:] = Σ_j M_e[i,j] fe[e,j,:]`` for vertex values ``fe (E, nv, bs)``."""
