@@ -9,7 +9,12 @@ and the product reads them without copying.
   dtype check of a vector the kernel made itself, the autograd Function). With no
   halo exchange (one rank, or no ghost columns and nothing to send) and a scalar
   CSR matrix on the CPU, the torch sparse CSR tensor is built once and each product
-  is one ``torch.mv``.
+  is one ``torch.mv``. With a halo (same conditions on every exchanging rank,
+  agreed by one Allreduce): a persistent-request exchange made once per solve
+  (:class:`_Exchange`: three calls per product whatever the number of neighbours)
+  overlapped with the bulk product on a prebuilt CSR tensor, then the few ghost
+  / boundary-row entries as small CSR products. Otherwise the layout's own
+  product (``_forward_product``) without the checks.
 * :func:`krylov_reducer` -- the ``reduce_sum`` of the kernels: ``None`` on one
   rank, else an Allreduce whose ``host_inplace`` attribute sums a NumPy array in
   place (the CPU kernels' reductions then create no tensors).
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -75,11 +81,24 @@ class _Exchange:
                     r.Free()
 
 
-def _halo_matvec(L, vals: torch.Tensor, fallback):
+def _halo_matvec(L, vals: torch.Tensor):
     """``x -> A x`` for a scalar CPU row shard with a halo: persistent exchange overlapped
     with the bulk product, then the ghost (and, in recompute mode, boundary-row) entries
-    as small CSR products built once per solve from the few entries they hold."""
+    as small CSR products built once per solve from the few entries they hold. Every
+    product takes part in the exchange, whatever this rank's share of it."""
     ex = _Exchange(L.halo, vals.dtype)
+    if L.n_offd == 0:   # nothing to receive: only sends
+        P = L.diag
+        A = (torch.sparse_csr_tensor(*P.csr32(), vals, size=(P.M, P.N), check_invariants=False)
+             if P.nnz and P.M else None)
+
+        def matvec(x: torch.Tensor) -> torch.Tensor:
+            ex.start(x)
+            y = torch.mv(A, x) if A is not None else x.new_zeros(P.M)
+            ex.finish()
+            return y
+        matvec._exchange = ex
+        return matvec
     ip, ix = L.bulk.csr32()
     n_rows, n_cols, n_ghost = L.rend - L.rstart, L.cend - L.cstart, L.halo.n_ghost
     bulk = torch.sparse_csr_tensor(ip, ix, vals, size=(L.bulk.M, L.bulk.N), check_invariants=False)
@@ -93,8 +112,6 @@ def _halo_matvec(L, vals: torch.Tensor, fallback):
         xo = xe[:n_cols]
 
         def matvec(x: torch.Tensor) -> torch.Tensor:
-            if x.dim() != 1:
-                return fallback(x)
             ex.start(x)
             xo.copy_(x)
             y = mv(bulk, xe)
@@ -109,8 +126,6 @@ def _halo_matvec(L, vals: torch.Tensor, fallback):
     F2 = _csr(torch.searchsorted(brows, off_row), L.off_col, vals.index_select(0, off_pos), nb, n_ghost)
 
     def matvec(x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 1:
-            return fallback(x)
         ex.start(x)
         y = mv(bulk, x)
         yb = mv(F1, x)
@@ -121,24 +136,37 @@ def _halo_matvec(L, vals: torch.Tensor, fallback):
 
 
 def krylov_matvec(dA, b: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Local (the products it returns are collective). ``x -> dA @ x`` for a solve of ``dA x = b``.
+    """Collective (one tiny Allreduce on 2+ ranks). ``x -> dA @ x`` for a solve of ``dA x = b``.
 
     Falls back to ``dA.matvec`` (full checks) unless ``dA`` is a row shard whose
-    values match ``b``'s dtype and device.
+    values match ``b``'s dtype and device. The persistent halo exchange is used only
+    when every rank that exchanges can use it (the choice is agreed by one Allreduce,
+    since exchanges of both kinds cannot match each other).
     """
     L = getattr(dA, "_layout", None)
+    if L is None:
+        return dA.matvec
     vals = dA.values.detach()
-    if L is None or vals.dtype != b.dtype or vals.device != b.device:
+    halo = L.halo
+    exchange = bool(halo.n_ghost or halo.n_send)
+    matched = vals.dtype == b.dtype and vals.device == b.device
+    fast = (matched and not L.block and vals.device.type == "cpu"
+            and vals.dtype in (torch.float32, torch.float64))
+    comm = dA.comm
+    if comm.Get_size() > 1:
+        flag = np.array([1 if (fast or not exchange) else 0], dtype=np.int32)
+        comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MIN)
+        fast = fast and bool(flag[0])
+    if not matched:
         return dA.matvec
     from ..dsparse import _forward_product
 
     def generic(x: torch.Tensor) -> torch.Tensor:
         return _forward_product(L, vals, x)[0]
 
-    if L.block or vals.device.type != "cpu" or vals.dtype not in (torch.float32, torch.float64):
+    if not fast:
         return generic
-    halo = L.halo
-    if not (halo.n_ghost or halo.n_send):
+    if not exchange:
         if L.n_offd:
             return generic
         P = L.diag
@@ -151,9 +179,7 @@ def krylov_matvec(dA, b: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]
         def matvec(x: torch.Tensor) -> torch.Tensor:
             return mv(A, x)
         return matvec
-    if L.n_offd == 0 or L.cend == L.cstart:   # sends only, or no owned columns: rare, keep it simple
-        return generic
-    return _halo_matvec(L, vals, generic)
+    return _halo_matvec(L, vals)
 
 
 def krylov_reducer(comm) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
