@@ -94,9 +94,10 @@ def poisson2d_scipy(nx: int):
     return sp.csr_matrix((v, ix, ip), shape=(nx * nx, nx * nx))
 
 
-def build_dpoisson2d(nx: int, comm=None):
+def build_dpoisson2d(nx: int, comm=None, before_build: Optional[Callable[[], None]] = None):
     """Collective. A row-sharded slasolve ``DSparseTensor`` of the 2-D Poisson matrix,
-    each rank building only its rows. Returns ``(dA, seconds)``."""
+    each rank building only its rows. Returns ``(dA, seconds)``. ``before_build`` runs
+    between generating the CSR arrays and building the tensor (memory probes)."""
     from slasolve.dsparse import DSparseTensor
     comm = comm or COMM
     n = nx * nx
@@ -105,15 +106,17 @@ def build_dpoisson2d(nx: int, comm=None):
     comm.Barrier()
     t0 = time.perf_counter()
     ip, ix, v = poisson2d_rows(nx, int(offs[r]), int(offs[r + 1]))
+    if before_build is not None:
+        before_build()
     dA = DSparseTensor.from_local_rows(torch.from_numpy(ip), torch.from_numpy(ix), torch.from_numpy(v),
                                        (n, n), comm)
     t = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
     return dA, t
 
 
-def build_petsc_poisson2d(nx: int, comm=None):
+def build_petsc_poisson2d(nx: int, comm=None, before_build: Optional[Callable[[], None]] = None):
     """Collective. The same matrix built directly as a PETSc MPIAIJ (raw petsc4py).
-    Returns ``(Mat, seconds)``."""
+    Returns ``(Mat, seconds)``; ``before_build`` as in :func:`build_dpoisson2d`."""
     from petsc4py import PETSc
     comm = comm or COMM
     n = nx * nx
@@ -122,6 +125,8 @@ def build_petsc_poisson2d(nx: int, comm=None):
     comm.Barrier()
     t0 = time.perf_counter()
     ip, ix, v = poisson2d_rows(nx, int(offs[r]), int(offs[r + 1]))
+    if before_build is not None:
+        before_build()
     m = int(offs[r + 1] - offs[r])
     A = PETSc.Mat().createAIJ(size=((m, n), (m, n)), csr=(ip.astype(PETSc.IntType), ix.astype(PETSc.IntType), v),
                               comm=comm)

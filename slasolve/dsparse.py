@@ -138,16 +138,19 @@ class _RowLayout:
             self._diag = Pattern(pattern.indptr, local, n_loc_rows, n_loc_cols)
             self.off_row = self.offd_pos
         else:
-            self._bulk_patterns(pattern, in_diag, n_loc_rows, n_loc_cols)
+            self.off_row = _rows_of(pattern.indptr, self.offd_pos)
+        self.bulk = None  # the forward product's index arrays: built on the first product
         self._transposed = None
         self.petsc_mat = None
         self.petsc_filled_from = None
 
-    def _bulk_patterns(self, pattern: Pattern, in_diag, n_loc_rows: int, n_loc_cols: int) -> None:
+    def bulk_patterns(self) -> None:
         """Index arrays for products straight from the values in CSR order (see
-        :func:`_forward_product`): patterns only, never values."""
+        :func:`_forward_product`): patterns only, never values. Built on the first forward
+        product (a solve on the petsc backend never needs them)."""
+        pattern, in_diag = self._pattern, self._in_diag()
+        n_loc_rows, n_loc_cols = self.rend - self.rstart, self.cend - self.cstart
         ip = pattern.indptr
-        self.off_row = _rows_of(ip, self.offd_pos)
         cols = pattern.indices
         brows = torch.unique(self.off_row, sorted=True)
         in_b = torch.zeros(n_loc_rows, dtype=torch.bool, device=cols.device)
@@ -208,7 +211,7 @@ class _RowLayout:
         if self._transposed is None:
             if self.n_offd == 0:
                 P = self.diag
-            elif not self.recompute:
+            elif self.bulk is not None and not self.recompute:
                 P = self.bulk
             else:
                 n_loc_cols = self.cend - self.cstart
@@ -298,6 +301,8 @@ def _forward_product(L: "_RowLayout", values: torch.Tensor, x: torch.Tensor):
     br, bc = L.br, L.bc
     n_cols = L.cend - L.cstart
     exchange = halo.n_ghost or halo.n_send
+    if L.n_offd and L.bulk is None:
+        L.bulk_patterns()
     if exchange:
         pending = halo.start_forward(x.reshape((n_cols, bc) + trailing))
     if L.n_offd == 0:
