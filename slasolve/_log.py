@@ -7,9 +7,11 @@ shows slasolve's work next to PETSc's own events:
 stage                      pushed by
 ========================  ==========================================================
 ``slaAssembly``            :class:`slasolve.fem.Assembler` (set-up, matrix / vector assembly)
-``slaSolve``               :func:`slasolve.solve` (forward)
+``slaSolve``               :func:`slasolve.solve` (forward), :func:`slasolve.spsolve`,
+                           :func:`slasolve.factorized` and its solves
 ``slaAdjoint``             the backward pass of :func:`slasolve.solve` / :func:`slasolve.eigsh`
 ``slaEigsh``               :func:`slasolve.eigsh`
+``slaNonlinear``           :func:`slasolve.nonlinear_solve`
 ========================  ==========================================================
 
 A stage is pushed only by the outermost slasolve call (an inner solve of eigsh's
@@ -20,7 +22,8 @@ tensor's values into its cached PETSc Mat; the refill includes the comparison wi
 the snapshot), ``slaAsmSetup`` / ``slaAssembleMat`` / ``slaAssembleVec``, ``slaSolve``,
 ``slaSolverSetup`` (KSP / native solver creation), ``slaPCSetUp`` (per-call
 preconditioner set-up), ``slaSolveVerify`` (true-residual check), ``slaAdjoint``,
-``slaEigsh``, ``slaEigSetup``, ``slaEigSolve``, ``slaEigVerify``, ``slaEigBackward``.
+``slaEigsh``, ``slaEigSetup``, ``slaEigSolve``, ``slaEigVerify``, ``slaEigBackward``,
+``slaDirect`` (a direct factorisation and/or solve), ``slaNonlinear``.
 
 Every stage and event is registered here, at import (which is collective: every
 rank imports slasolve), in one fixed order, so the ids agree across ranks as
@@ -52,11 +55,12 @@ except ImportError:  # torch-only install
 __all__ = ["STAGE_NAMES", "EVENT_NAMES", "Event", "Stage", "event", "stage", "phase", "collect", "logged",
            "enabled"]
 
-STAGE_NAMES = ("slaAssembly", "slaSolve", "slaAdjoint", "slaEigsh")
+STAGE_NAMES = ("slaAssembly", "slaSolve", "slaAdjoint", "slaEigsh", "slaNonlinear")
 EVENT_NAMES = ("slaHaloStart", "slaHaloFinish", "slaMatCreate", "slaMatRefill",
                "slaAsmSetup", "slaAssembleMat", "slaAssembleVec",
                "slaSolve", "slaSolverSetup", "slaPCSetUp", "slaSolveVerify", "slaAdjoint",
-               "slaEigsh", "slaEigSetup", "slaEigSolve", "slaEigVerify", "slaEigBackward")
+               "slaEigsh", "slaEigSetup", "slaEigSolve", "slaEigVerify", "slaEigBackward",
+               "slaDirect", "slaNonlinear")
 
 
 def enabled() -> bool:

@@ -102,6 +102,30 @@ def test_events_counted_in_their_stages():
 
 
 @needs_petsc
+@pytest.mark.mpi
+def test_direct_and_nonlinear_solves_have_their_events():
+    from petsc4py import PETSc
+    PETSc.Log.begin()
+    ev_direct, ev_nl = _log.event("slaDirect"), _log.event("slaNonlinear")
+    d0 = int(ev_direct.perf_info("slaSolve")["count"])
+    n0 = int(ev_nl.perf_info("slaNonlinear")["count"])
+    A, dA = _dist_poisson(8)
+    b = torch.ones(dA.n_local, dtype=torch.float64)
+    x = slasolve.spsolve(dA, b)
+    F = slasolve.factorized(dA)
+    F.solve(b, transpose=True)
+    c = torch.tensor(0.1, dtype=torch.float64)
+    u = slasolve.nonlinear_solve(lambda u, c: dA @ u + c * u ** 3 - b, torch.zeros_like(b), c,
+                                 linear_solver={"method": "gmres"})
+    assert int(ev_direct.perf_info("slaSolve")["count"]) - d0 == 3   # spsolve, factorized, F.solve
+    assert int(ev_nl.perf_info("slaNonlinear")["count"]) - n0 == 1
+    ref = np.linalg.solve(A.toarray(), np.ones(A.shape[0]))
+    assert np.allclose(dA.gather(x, root=None).numpy(), ref)
+    r = dA @ u + c * u ** 3 - b
+    assert float(slasolve.global_sum((r * r).sum())) ** 0.5 < 1e-7
+
+
+@needs_petsc
 def test_stage_only_pushed_by_the_outermost_call():
     from petsc4py import PETSc
     PETSc.Log.begin()
@@ -349,6 +373,9 @@ LOG_SCRIPT = textwrap.dedent("""
     u = slasolve.solve(K, f, "cg", pc="jacobi", rtol=1e-10)
     u.sum().backward()
     slasolve.eigsh(K.detach(), k=2, which="LA")
+    Kd = K.detach()
+    slasolve.nonlinear_solve(lambda u: Kd @ u + u ** 3 - f, torch.zeros_like(f), jacobian=None,
+                             linear_solver={"method": "gmres"})
     if comm.rank == 0:
         print("DONE")
 """)
@@ -367,7 +394,7 @@ def test_log_view_shows_slasolve_stages(tmp_path):
     for st in _log.STAGE_NAMES:
         assert f"{st}:" in summary, summary
     for ev in ("slaAssembleMat", "slaAsmSetup", "slaHaloStart", "slaSolverSetup", "slaPCSetUp", "slaSolveVerify",
-               "slaAdjoint", "slaEigSolve", "slaEigVerify", "KSPSolve", "EPSSolve"):
+               "slaAdjoint", "slaEigSolve", "slaEigVerify", "slaNonlinear", "KSPSolve", "EPSSolve", "SNESSolve"):
         assert f"\n{ev} " in text, ev
     for st in _log.STAGE_NAMES:     # each stage has its own event table
         assert re.search(rf"--- Event Stage \d+: {st}\n", text), st

@@ -10,6 +10,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from .. import _log
 from .._comm import check_collective
 from ..autograd import matvec_value_grad
 from ..krylov.info import SolveInfo
@@ -200,6 +201,7 @@ class _DirectSolve(torch.autograd.Function):
         return gv, gb, None, None, None
 
 
+@_log.logged("slaSolve", "slaDirect")
 def spsolve(A, b: torch.Tensor, *, backend: Optional[str] = None, factorization: Optional[str] = None,
             return_info: bool = False, petsc_options: Optional[dict] = None
             ) -> Union[torch.Tensor, Tuple[torch.Tensor, FactorizationInfo]]:
@@ -293,6 +295,7 @@ class Factorization:
         """Local. Global scalar shape of ``A``."""
         return (self._fac.info.n, self._fac.info.n)
 
+    @_log.logged("slaSolve", "slaDirect")
     def solve(self, b: torch.Tensor, transpose: bool = False) -> torch.Tensor:
         """Collective. ``A^{-1} b`` (``A^{-T} b`` with ``transpose=True``)."""
         dA = self._dA
@@ -315,6 +318,7 @@ class Factorization:
         return f"Factorization({self._fac.info.summary()})"
 
 
+@_log.logged("slaSolve", "slaDirect")
 def factorized(A, *, backend: Optional[str] = None, factorization: Optional[str] = None,
                petsc_options: Optional[dict] = None) -> Factorization:
     """Collective. Factorise ``A`` now and return a :class:`Factorization` (``F(b)``).

@@ -14,6 +14,7 @@ from typing import Callable, Optional, Tuple, Union
 
 import torch
 
+from .. import _log
 from .._comm import allreduce_sum, check_collective, get_comm
 from .info import NonlinearConvergenceError, NonlinearInfo
 from .problem import Problem
@@ -191,6 +192,7 @@ def _adjoint_solve(ctl, u, g):
     return lam.detach()
 
 
+@_log.logged("slaNonlinear", "slaNonlinear")
 def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Optional[Callable] = None,
                     method: str = "newton", backend: Optional[str] = None, rtol: float = 1e-8,
                     atol: float = 0.0, stol: Optional[float] = None, maxiter: int = 50,
