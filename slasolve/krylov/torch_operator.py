@@ -99,6 +99,8 @@ def _halo_matvec(L, vals: torch.Tensor):
             return y
         matvec._exchange = ex
         return matvec
+    if getattr(L, "bulk", None) is None:   # built on the first product (recompute is set there too)
+        L.bulk_patterns()
     ip, ix = L.bulk.csr32()
     n_rows, n_cols, n_ghost = L.rend - L.rstart, L.cend - L.cstart, L.halo.n_ghost
     bulk = torch.sparse_csr_tensor(ip, ix, vals, size=(L.bulk.M, L.bulk.N), check_invariants=False)
