@@ -441,9 +441,8 @@ class Assembler:
 
         def parts():
             # (bs*bs, E, nv*nv): the layout _assemble_slots scatters, so no permute per call
-            KL, KM = _el.elasticity_parts(self.cell_coords, self.cell)
-            f = lambda K: K.reshape(E, nv, bs, nv, bs).permute(2, 4, 0, 1, 3).reshape(bs * bs, E, nv * nv)  # noqa: E731
-            return f(KL).contiguous(), f(KM).contiguous()
+            KL, KM = _el._elasticity_parts_blocked(self.cell_coords, self.cell)
+            return KL.reshape(bs * bs, E, nv * nv), KM.reshape(bs * bs, E, nv * nv)
 
         def kernel():
             _, lam, mu = _el._elasticity_coefs(E, self.dim, self._coef("young", young), self._coef("nu", nu),

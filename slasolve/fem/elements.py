@@ -393,6 +393,28 @@ def elasticity_parts(coords: torch.Tensor, cell: Optional[str] = None):
     return KL, KM
 
 
+def _elasticity_parts_blocked(coords: torch.Tensor, cell: str):
+    """:func:`elasticity_parts` in the block-entry-major layout ``(dim, dim, E, nv, nv)``
+    (``[a, b, e, i, j]`` = entry ``(i a, j b)``), written directly (no permuting copies)."""
+    cell = _check_coords(coords, cell)
+    dim = _DIM[cell]
+    wdet, _, G = _geometry(coords, cell, "stiffness")
+    E, nq, nv, _ = G.shape
+    g = G.permute(3, 1, 0, 2)                         # (dim, nq, E, nv)
+    wg = g * wdet.T[None, :, :, None]
+    KL = None
+    for q in range(nq):                               # over quadrature points (1 for simplices)
+        t = wg[:, q, None, :, :, None] * g[None, :, q, :, None, :]   # (dim, dim, E, nv, nv)
+        KL = t if KL is None else KL + t
+    KM = KL.transpose(0, 1).clone()                   # K_μ[a,b,e,i,j] ∋ Σ w G_ib G_ja = K_λ[b,a,e,i,j]
+    lap = KL[0, 0]
+    for a in range(1, dim):
+        lap = lap + KL[a, a]
+    for a in range(dim):
+        KM[a, a] += lap
+    return KL, KM
+
+
 def elasticity_stiffness(coords: torch.Tensor, young: Coef, nu: Coef, cell: Optional[str] = None,
                          kind: Optional[str] = None) -> torch.Tensor:
     """Local. Isotropic linear elasticity element matrices ``(E, nv*dim, nv*dim)``.
