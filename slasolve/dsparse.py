@@ -464,11 +464,10 @@ def _sorted_csr(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tenso
     """Local. The rows as a SparseTensor sharing the caller's arrays when every row's columns
     are strictly increasing and in range and the values are finite (what ``from_coo`` would
     build, without its O(nnz) sort and copies); ``None`` otherwise."""
-    if indices.dtype != torch.int64 or values.dtype == torch.bool or \
-            not (values.dtype.is_floating_point or values.dtype.is_complex):
+    if not (values.dtype.is_floating_point or values.dtype.is_complex):
         return None
     dev = values.device
-    idx = indices.to(device=dev).contiguous()
+    idx = indices.to(device=dev, dtype=torch.int64).contiguous()
     nnz, N = idx.numel(), shape[1]
     if nnz:
         if int(idx.min()) < 0 or int(idx.max()) >= N:
@@ -654,7 +653,11 @@ class DSparseTensor:
 
         Notes
         -----
-        Memory per rank is O(local rows + ghosts + local nonzeros).
+        Memory per rank is O(local rows + ghosts + local nonzeros). When every row's
+        columns are already strictly increasing, the arrays are kept as given (int64
+        ``indptr``/``indices`` and ``values`` on their device are not copied, as
+        ``scipy.sparse.csr_matrix`` keeps its arrays): do not modify them in place
+        afterwards. Otherwise the rows are sorted and duplicates summed into new arrays.
 
         Examples
         --------

@@ -162,6 +162,50 @@ def test_from_local_rows_sums_duplicates(comm):
     assert all_ok(comm, check_row_shard(dA, A, comm))
 
 
+def test_memory_sorted_rows_kept_lazy_layout_jacobi_snapshot(comm):
+    """Sorted int64 rows are kept as given (no copy); a forward product builds neither the
+    diagonal-block positions nor the off-diagonal pattern; a torch CG + Jacobi solve keeps
+    a snapshot of the diagonal only; answers match SciPy's."""
+    from slasolve.krylov import solve
+    n = 60
+    A = (random_matrix(n, n, density=0.1, seed=5) + sp.eye(n) * 8.0).tocsr()
+    A = ((A + A.T) * 0.5).tocsr()
+    A.sort_indices()
+    offs = _uneven_split(n, comm.size)
+    a, e = offs[comm.rank], offs[comm.rank + 1]
+    Aloc = A[a:e]
+    ip = torch.from_numpy(Aloc.indptr.astype(np.int64))
+    ix = torch.from_numpy(Aloc.indices.astype(np.int64))
+    v = torch.from_numpy(Aloc.data.copy())
+    dA = DSparseTensor.from_local_rows(ip, ix, v, A.shape, comm)
+    ok = dA.local.indices.data_ptr() == ix.data_ptr() and dA.values.data_ptr() == v.data_ptr()
+    L = dA._layout
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal(n))
+    ok &= rel(dA @ x[a:e], (A @ x.numpy())[a:e]) < RTOL
+    ok &= L._diag_pos is None and L._offd is None and (L._diag is None) == (L.n_offd > 0)
+    b = torch.from_numpy(A @ x.numpy())
+    xs, info = solve(dA, b[a:e], "cg", backend="torch", pc="jacobi", rtol=1e-12, return_info=True)
+    ok &= rel(xs, x[a:e]) < 1e-9 and info.converged
+    snap = next(iter(L.solver_cache.values()))._snapshot
+    ok &= snap.shape == (e - a,) and torch.equal(snap, torch.from_numpy(A.diagonal()[a:e]))
+    ok &= L._diag_pos is None and L._offd is None
+    # a zero diagonal entry on one rank: every rank raises, naming the local row
+    w = v.clone()
+    loc = Aloc.tocoo()
+    if comm.rank == comm.size - 1:
+        w[int(np.nonzero((loc.row == 0) & (loc.col == a))[0][0])] = 0.0
+    with pytest.raises(ValueError, match="row 0 is zero" if comm.rank == comm.size - 1 else "row 0"):
+        solve(dA.with_values(w), b[a:e], "cg", backend="torch", pc="jacobi")
+    # columns out of order: sorted into new arrays
+    perm = torch.arange(ix.numel() - 1, -1, -1)
+    rows = torch.repeat_interleave(torch.arange(e - a), ip[1:] - ip[:-1])
+    order = torch.argsort(rows[perm], stable=True)
+    dB = DSparseTensor.from_local_rows(ip, ix[perm][order], v[perm][order], A.shape, comm)
+    ok &= torch.equal(dB.local.indices, ix) and torch.equal(dB.values, v)
+    ok &= dB.local.indices.data_ptr() != ix.data_ptr() or ix.numel() <= 1
+    assert all_ok(comm, ok)
+
+
 @pytest.mark.parametrize("case", ["random", "block2", "poisson2d"])
 def test_col_shard(comm, case):
     A, _ = CASES[case]()
