@@ -215,8 +215,9 @@ def bench_vs_dolfinx(comm, problem, n, repeat):
 
     # slasolve: the same coefficient and data
     kap0 = kfun(V.cell_coords.mean(1).T)
+    zero = torch.zeros(V.n_owned_nodes)
     fo = V.interpolate(lambda x: ffun(x.T)) if tri else \
-        torch.stack([ffun(V.owned_coords().T), torch.zeros(V.n_owned_nodes), torch.zeros(V.n_owned_nodes)], 1).reshape(-1)
+        torch.stack([ffun(V.owned_coords().T), zero, zero], 1).reshape(-1)
     const = 1.0 if tri else torch.tensor([0.0, 0.0, -1.0])
     sstep = [0]
 
