@@ -199,27 +199,36 @@ def _dots(pairs) -> Tensor:
 
 
 # --------------------------------------------------------------------------- CG
-def _host_reducers(red):
-    """``(sum1, sumv)``: reduce a 0-d tensor to a float / a 1-D CPU tensor to a list.
+def _host_reducer(red):
+    """``hsum(t, a) -> list``: sum a 1-D CPU tensor ``t`` (NumPy view ``a``) over the ranks.
 
     A ``reduce_sum`` with a ``host_inplace(ndarray)`` attribute (an in-place
-    Allreduce, as the torch backend passes) reduces the CPU tensor's NumPy view in
-    place: no tensor is created per reduction."""
+    Allreduce, as the torch backend passes) sums ``a`` in place: no tensor is
+    created per reduction. One rank (``reduce_sum`` None): just the values."""
     inplace = getattr(red, "host_inplace", None)
-    if red is _identity:          # one rank
-        return (lambda t: t.item()), (lambda t: t.tolist())
+    if red is _identity:
+        return lambda t, a: a.tolist()
     if inplace is not None:
-        def sum1(t: Tensor) -> float:
-            a = t.reshape(1).numpy()
-            inplace(a)
-            return float(a[0])
-
-        def sumv(t: Tensor) -> list:
-            a = t.numpy()
+        def hsum(t: Tensor, a) -> list:
             inplace(a)
             return a.tolist()
-        return sum1, sumv
-    return (lambda t: red(t.reshape(1)).tolist()[0]), (lambda t: red(t).tolist())
+        return hsum
+    return lambda t, a: red(t).tolist()
+
+
+def _host_reducer1(red, a):
+    """``hsum1(t) -> float``: sum a 0-d CPU tensor over the ranks (``a``: a 1-element
+    NumPy scratch array of its dtype for the in-place Allreduce)."""
+    inplace = getattr(red, "host_inplace", None)
+    if red is _identity:
+        return lambda t: t.item()
+    if inplace is not None:
+        def hsum1(t: Tensor) -> float:
+            a[0] = t.item()
+            inplace(a)
+            return a.tolist()[0]
+        return hsum1
+    return lambda t: red(t.reshape(1)).tolist()[0]
 
 
 @torch.no_grad()
@@ -236,32 +245,47 @@ def cg(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor] = 
     Returns ``(x, info)``; see the module docstring for the conventions.
 
     On the CPU the scalars live on the host (a host "synchronisation" is free
-    there) and an iteration is 7 torch calls besides the operator: ``p.q``,
-    two ``add_``, the Jacobi product into preallocated storage, ``[r.r, z.r]``
-    as one matrix-vector product of the stacked ``[r; z]``, and the fused
+    there) and the vectors are rows of preallocated matrices, so that an
+    iteration is 6 torch calls with the operator: ``q = A p`` into its row
+    (when ``matvec`` takes ``out``: a ``supports_out`` attribute), ``p.q``,
+    ``[x; r] += [p; q] * [alpha; -alpha]`` in one ``addcmul_``, the Jacobi
+    product into its row (a preconditioner with an ``inv_diag`` attribute),
+    ``[r.r, z.r]`` as one product of the stacked ``[r; z]``, and
     ``p = z + beta p``. Elsewhere the step length stays on the device.
     """
     run = _Run("cg", b, x0, matvec, reduce_sum, rtol, atol, maxiter, callback, record_history)
     if b.device.type != "cpu":
         return _cg_device(run, M)
-    x, r, red = run.x, run.r, run.reduce
-    sum1, sumv = _host_reducers(red)
+    x, info = _cg_host(run, M)
+    return (x.clone() if x._base is not None else x), info   # x is a row of the workspace
+
+
+def _cg_host(run: "_Run", M) -> tuple[Tensor, SolveInfo]:
+    b, matvec = run.b, run.matvec
+    hsum = _host_reducer(run.reduce)
+    n = b.numel()
+    W = b.new_empty((2 if M is None else 3, n))   # rows x, r (, z)
+    W[0].copy_(run.x)
+    W[1].copy_(run.r)
+    x, r = W[0], W[1]
+    run.x = x
+    XR = W[0:2]
     d = None
     if M is None:
-        RZ, z = None, r
-        bb, rr, ng = sumv(torch.cat([_dots([(b, b), (r, r)]), run.nloc()]))
+        z = r
+        v = torch.cat([_dots([(b, b), (r, r)]), run.nloc()])
+        bb, rr, ng = hsum(v, v.numpy())
         rz = rr
     else:
-        RZ = b.new_empty((2, b.numel()))     # rows r, z: [r.r, z.r] in one product
-        RZ[0].copy_(r)
-        r, z = RZ[0], RZ[1]
+        RZ, z = W[1:3], W[2]
         inv_diag = getattr(M, "inv_diag", None)
         if inv_diag is not None:
             d = inv_diag(b.dtype, b.device)
             torch.mul(r, d, out=z)
         else:
             z.copy_(M(r))
-        bb, rr, rz, ng = sumv(torch.cat([_dots([(b, b), (r, r), (r, z)]), run.nloc()]))
+        v = torch.cat([_dots([(b, b), (r, r), (r, z)]), run.nloc()])
+        bb, rr, rz, ng = hsum(v, v.numpy())
     done = run.start(bb, rr, ng)
     if done is not None:
         return run.x, done
@@ -271,30 +295,41 @@ def cg(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor] = 
         return x, run.finish("DIVERGED_INDEFINITE_PC", 0)
     if rz == 0:
         return x, run.finish("DIVERGED_BREAKDOWN", 0)
-    p = z.clone()
+    PQ = b.new_empty((2, n))                     # rows p, q = A p
+    p, q = PQ[0], PQ[1]
+    p.copy_(z)
+    into = bool(getattr(matvec, "supports_out", False))
+    coef = b.new_empty((2, 1))
+    coef_a = coef.numpy()
     buf = b.new_empty(2)
-    tol = run.tol
+    buf_a = buf.numpy()
+    hsum1 = _host_reducer1(run.reduce, b.new_empty(1).numpy())
+    tol, isfinite, mv, dot, add, mul = run.tol, math.isfinite, torch.mv, torch.dot, torch.add, torch.mul
     for k in range(1, run.maxiter + 1):
-        q = matvec(p)
-        pap = sum1(torch.dot(p, q))
+        if into:
+            matvec(p, out=q)
+        else:
+            q.copy_(matvec(p))
+        pap = hsum1(dot(p, q))
         alpha = rz / pap if pap > 0 else 0.0   # 0 on failure (NaN too): x, r untouched
-        x.add_(p, alpha=alpha)
-        r.add_(q, alpha=-alpha)
+        coef_a[0, 0] = alpha
+        coef_a[1, 0] = -alpha
+        XR.addcmul_(PQ, coef)                  # x += alpha p, r -= alpha q
         if M is None:
-            rr = rz_new = sum1(torch.dot(r, r))
+            rr = rz_new = hsum1(dot(r, r))
         else:
             if d is not None:
-                torch.mul(r, d, out=z)
+                mul(r, d, out=z)
             else:
                 z.copy_(M(r))
-            torch.mv(RZ, r, out=buf)
-            rr, rz_new = sumv(buf)
-        if not _fin(pap, rr, rz_new):
-            run.step(k, _sqrt(rr) if _fin(rr) else float("nan"))
+            mv(RZ, r, out=buf)
+            rr, rz_new = hsum(buf, buf_a)
+        if not (isfinite(pap) and isfinite(rr) and isfinite(rz_new)):
+            run.step(k, _sqrt(rr) if isfinite(rr) else float("nan"))
             return x, run.finish("DIVERGED_NANORINF", k)
         if pap <= 0:
             return x, run.finish("DIVERGED_INDEFINITE_MAT", k)
-        rnorm = _sqrt(rr)
+        rnorm = math.sqrt(rr)
         run.step(k, rnorm)
         if rnorm <= tol:
             return x, run.finish(run.conv_reason(rnorm), k)
@@ -302,7 +337,7 @@ def cg(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor] = 
             return x, run.finish("DIVERGED_INDEFINITE_PC", k)
         if rz_new == 0:
             return x, run.finish("DIVERGED_BREAKDOWN", k)
-        torch.add(z, p, alpha=rz_new / rz, out=p)
+        add(z, p, alpha=rz_new / rz, out=p)
         rz = rz_new
     return x, run.finish("DIVERGED_ITS", run.maxiter)
 

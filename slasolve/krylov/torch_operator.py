@@ -9,7 +9,8 @@ and the product reads them without copying.
   dtype check of a vector the kernel made itself, the autograd Function). With no
   halo exchange (one rank, or no ghost columns and nothing to send) and a scalar
   CSR matrix on the CPU, the torch sparse CSR tensor is built once and each product
-  is one ``torch.mv``. With a halo (same conditions on every exchanging rank,
+  is one ``torch.mv`` (into the caller's storage with ``out=``: the fast
+  operators have a ``supports_out`` attribute). With a halo (same conditions on every exchanging rank,
   agreed by one Allreduce): a persistent-request exchange made once per solve
   (:class:`_Exchange`: three calls per product whatever the number of neighbours)
   overlapped with the bulk product on a prebuilt CSR tensor, then the few ghost
@@ -92,12 +93,16 @@ def _halo_matvec(L, vals: torch.Tensor):
         A = (torch.sparse_csr_tensor(*P.csr32(), vals, size=(P.M, P.N), check_invariants=False)
              if P.nnz and P.M else None)
 
-        def matvec(x: torch.Tensor) -> torch.Tensor:
+        def matvec(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
             ex.start(x)
-            y = torch.mv(A, x) if A is not None else x.new_zeros(P.M)
+            if A is not None:
+                y = torch.mv(A, x, out=out)
+            else:
+                y = x.new_zeros(P.M) if out is None else out.zero_()
             ex.finish()
             return y
         matvec._exchange = ex
+        matvec.supports_out = True
         return matvec
     if getattr(L, "bulk", None) is None:   # built on the first product (recompute is set there too)
         L.bulk_patterns()
@@ -113,12 +118,13 @@ def _halo_matvec(L, vals: torch.Tensor):
         xe = vals.new_zeros(n_cols + 1)
         xo = xe[:n_cols]
 
-        def matvec(x: torch.Tensor) -> torch.Tensor:
+        def matvec(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
             ex.start(x)
             xo.copy_(x)
-            y = mv(bulk, xe)
+            y = mv(bulk, xe, out=out)
             return addmv(y, G, ex.finish(), out=y)
         matvec._exchange = ex
+        matvec.supports_out = True
         return matvec
     # recompute mode: the bulk product is wrong on the boundary rows only; recompute them
     brows = L.brows
@@ -127,13 +133,14 @@ def _halo_matvec(L, vals: torch.Tensor):
     F1 = _csr(torch.searchsorted(brows, bd_row), L.bd_col, vals.index_select(0, bd_pos), nb, n_cols)
     F2 = _csr(torch.searchsorted(brows, off_row), L.off_col, vals.index_select(0, off_pos), nb, n_ghost)
 
-    def matvec(x: torch.Tensor) -> torch.Tensor:
+    def matvec(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         ex.start(x)
-        y = mv(bulk, x)
+        y = mv(bulk, x, out=out)
         yb = mv(F1, x)
         addmv(yb, F2, ex.finish(), out=yb)
         return y.index_copy_(0, brows, yb)
     matvec._exchange = ex
+    matvec.supports_out = True
     return matvec
 
 
@@ -178,8 +185,9 @@ def krylov_matvec(dA, b: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]
         A = torch.sparse_csr_tensor(indptr, indices, vals, size=(P.M, P.N), check_invariants=False)
         mv = torch.mv
 
-        def matvec(x: torch.Tensor) -> torch.Tensor:
-            return mv(A, x)
+        def matvec(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+            return mv(A, x, out=out)
+        matvec.supports_out = True
         return matvec
     return _halo_matvec(L, vals)
 
