@@ -264,9 +264,9 @@ class Assembler:
         c = self.cell_coords
         if c.requires_grad:
             return build()
-        key = (id(c), c._version)
+        key = (c, c._version)   # the tensor itself, not id(c): a freed id can be reused
         hit = self._geo_cache.get(name)
-        if hit is not None and hit[0] == key:
+        if hit is not None and _same_key(hit[0], key):
             return hit[1]
         val = build()
         self._geo_cache[name] = (key, val)
@@ -495,7 +495,7 @@ class Assembler:
         layout of :meth:`_load_kernel`; gathering (bs,) rows is slow)."""
         return vloc.T[:, self.local_cells].permute(1, 2, 0)
 
-    @_log.logged("slaAssembly")
+    @_log.logged("slaAssembly", "slaAssembleVec")
     def load(self, f=1.0) -> torch.Tensor:
         """Collective. Consistent load vector ``∫ f·v`` on the owned dofs, ``(n_owned_dofs,)``.
 
@@ -526,9 +526,9 @@ class Assembler:
             # per-cell work. It is cached geometry; ranks agree (one Allreduce) on whether to
             # (re)build it (collective) or, for coordinates that require grad, not to use it.
             c = self.cell_coords
-            key = None if c.requires_grad else (id(c), c._version)
+            key = None if c.requires_grad else (c, c._version)
             hit = self._geo_cache.get("mass(nodes)")
-            need = 2 if key is None else int(hit is None or hit[0] != key)
+            need = 2 if key is None else int(hit is None or not _same_key(hit[0], key))
             if self.comm.Get_size() > 1:
                 need = self.comm.allreduce(need, op=MPI.BOR)
             if not need & 2:
@@ -583,6 +583,11 @@ class Assembler:
     def zeros(self) -> torch.Tensor:
         """Local. A zero vector of the owned dofs."""
         return torch.zeros(self.n_owned_dofs, dtype=self.dtype, device=self.device)
+
+
+def _same_key(a, b) -> bool:
+    """Cached geometry key: the same coordinate tensor object at the same version."""
+    return a[0] is b[0] and a[1] == b[1]
 
 
 class _OwnedValues(Exception):
