@@ -41,7 +41,11 @@ least-squares; ``r^T M r == 0`` with a nonzero residual), ``DIVERGED_ITS``.
 * CG: 2 reductions (``p.Ap``; then ``[r.r, r.z]`` fused), 1 host sync. This is
   the classical Hestenes-Stiefel recurrence; the one-reduction
   Chronopoulos-Gear variant is *not* used because its recurrences lose
-  accuracy on ill-conditioned problems and can stall before ``rtol``.
+  accuracy on ill-conditioned problems and can stall before ``rtol``. On the
+  CPU the scalars are host floats and the vectors rows of two preallocated
+  workspaces: 6 torch calls per iteration with the operator (see :func:`cg`);
+  the per-iteration cost at small local sizes is Python/dispatch overhead, so
+  every call saved counts (``bench/torch_overhead.py``).
 * MINRES: 2 reductions (``v.Av``; then ``[r2.z2, r.r, r.u, u.u]`` fused), 1 host
   sync. The true-residual recurrence ``r_k = r_{k-1} - c_k A w_k`` is carried
   alongside the Paige-Saunders recurrence (no extra matvec) so the test is on
