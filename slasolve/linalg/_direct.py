@@ -110,6 +110,11 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, comm: Optional[MPI.Comm]
     if rows_mode:
         dA, r0, r1, counts = A, None, None, None
         dt = np.dtype("float32" if A.dtype == torch.float32 else "float64")  # b follows A's dtype
+    elif replicated and M < ccomm.Get_size():
+        # fewer rows than ranks: some rank would own none, which slasolve.spsolve cannot take
+        # yet (see the issue note); the tiny system is solved on every rank alike
+        replicated = False
+        dA, r0, r1, counts = A.astype(dt), 0, M, [M]
     elif replicated:
         r0, r1, counts = split_rows(M, ccomm)
         dA = row_block(A.astype(dt), r0, r1, ccomm)
@@ -127,6 +132,7 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, comm: Optional[MPI.Comm]
         zero = bool(ccomm.allreduce(int(zero), op=MPI.MIN)) if ccomm.Get_size() > 1 else zero
     else:
         zero = A.count_nonzero() == 0
+
 
     def solve_dense(B: np.ndarray) -> np.ndarray:
         """Collective. Solve for the dense ``B`` (global rows, or this rank's rows)."""
