@@ -122,6 +122,8 @@ def _kernel(method, sys_, b, x0, atol_eff, maxiter_inner, restart, res_cb, x_cb,
             x_cb(sys_.output(v))
         return sys_.op(v)
 
+    if need_x and method == "cg":
+        return _cg_iterates(sys_, b, x0, atol_eff, maxiter_inner, x_cb)
     if need_x and x0 is None:
         x0 = torch.zeros_like(b)
     kcb = None
@@ -137,6 +139,53 @@ def _kernel(method, sys_, b, x0, atol_eff, maxiter_inner, restart, res_cb, x_cb,
     if x_cb_cycles:  # SciPy: once per restart cycle, and once more at the exit
         x_cb(sys_.output(x))
     return x, sinfo
+
+
+def _cg_iterates(sys_, b, x0, atol_eff, maxiter, x_cb):
+    """Collective. Preconditioned CG (Hestenes-Stiefel, the kernels' recurrence) that hands
+    each iterate to ``callback(xk)``: slasolve's CG kernel keeps its iterate in a private
+    workspace, so the SciPy-style iterate callback runs this loop instead. Same test
+    (``||r|| <= atol_eff``), same failure reasons as the kernel."""
+    from ..krylov.info import SolveInfo
+    red = sys_.reduce_sum() or (lambda t: t)
+    x = torch.zeros_like(b) if x0 is None else x0.clone()
+    r = b - sys_.op(x) if x0 is not None else b.clone()
+    z = r if sys_.M is None else sys_.M(r)
+    bb, rr, rz = red(torch.stack([torch.dot(b, b), torch.dot(r, r), torch.dot(r, z)]).to(torch.float64)).tolist()
+
+    def done(reason, its, rn):
+        return x, SolveInfo(converged=reason.startswith("CONVERGED"), reason=reason, iterations=its,
+                            residual_norm=rn, method="cg", backend="torch")
+    if bb == 0.0:
+        return torch.zeros_like(b), SolveInfo(converged=True, reason="CONVERGED_ATOL", iterations=0,
+                                              residual_norm=0.0, method="cg", backend="torch")
+    if math.sqrt(max(rr, 0.0)) <= atol_eff:
+        return done("CONVERGED_RTOL", 0, math.sqrt(max(rr, 0.0)))
+    if not (rz > 0):
+        return done("DIVERGED_INDEFINITE_PC" if rz < 0 else "DIVERGED_BREAKDOWN", 0, math.sqrt(max(rr, 0.0)))
+    p = z.clone()
+    for k in range(1, maxiter + 1):
+        q = sys_.op(p)
+        pap = float(red(torch.dot(p, q).reshape(1).to(torch.float64))[0])
+        if not (pap > 0) or not math.isfinite(pap):
+            return done("DIVERGED_INDEFINITE_MAT" if math.isfinite(pap) else "DIVERGED_NANORINF", k,
+                        math.sqrt(max(rr, 0.0)))
+        alpha = rz / pap
+        x.add_(p, alpha=alpha)
+        r.add_(q, alpha=-alpha)
+        z = r if sys_.M is None else sys_.M(r)
+        rr, rz_new = red(torch.stack([torch.dot(r, r), torch.dot(r, z)]).to(torch.float64)).tolist()
+        x_cb(sys_.output(x))
+        rn = math.sqrt(max(rr, 0.0))
+        if not math.isfinite(rn):
+            return done("DIVERGED_NANORINF", k, rn)
+        if rn <= atol_eff:
+            return done("CONVERGED_RTOL", k, rn)
+        if not (rz_new > 0):
+            return done("DIVERGED_INDEFINITE_PC" if rz_new < 0 else "DIVERGED_BREAKDOWN", k, rn)
+        p.mul_(rz_new / rz).add_(z)
+        rz = rz_new
+    return done("DIVERGED_ITS", maxiter, math.sqrt(max(rr, 0.0)))
 
 
 def _krylov(method, A, b, x0, tol, maxiter, M, callback, *, rtol, atol, has_atol, comm, local,
