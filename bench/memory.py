@@ -14,6 +14,7 @@ Workers (all CG, rtol 1e-6, unpreconditioned residual):
   raw_petsc_gamg    petsc4py Mat (createAIJ from the same CSR) + KSP cg/gamg
   sla_torch_jacobi  slasolve.solve(dA, b, backend="torch", pc="jacobi"), 300 iterations
   raw_petsc_jacobi  petsc4py KSP cg/jacobi, 300 iterations
+  sla_petsc_jacobi  slasolve.solve(dA, b, backend="petsc", pc="jacobi"), 300 iterations
 (Jacobi runs are capped at 300 iterations: CG's memory does not grow with iterations.)
 
 Each contender runs twice, in separate jobs:
@@ -40,7 +41,7 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKERS = ("raw_petsc_gamg", "sla_petsc_gamg", "raw_petsc_jacobi", "sla_torch_jacobi")
+WORKERS = ("raw_petsc_gamg", "sla_petsc_gamg", "raw_petsc_jacobi", "sla_torch_jacobi", "sla_petsc_jacobi")
 
 
 def _status_mib(key: str) -> float:
@@ -76,6 +77,9 @@ def worker(kind: str, nx: int, phases: bool = False) -> None:
         b = rhs_local(r1 - r0, r0)
         if kind == "sla_petsc_gamg":
             x, info = solve(dA, b, "cg", backend="petsc", pc="gamg", rtol=1e-6, return_info=True)
+        elif kind == "sla_petsc_jacobi":
+            x, info = solve(dA, b, "cg", backend="petsc", pc="jacobi", rtol=1e-30, maxiter=300,
+                            return_info=True, raise_on_fail=False)
         else:
             x, info = solve(dA, b, "cg", backend="torch", pc="jacobi", rtol=1e-30, maxiter=300,
                             return_info=True, raise_on_fail=False)
@@ -158,7 +162,7 @@ def main():
             inc = incs[kind] = max(x["peak_mib"] - x["floor_mib"] for x in pr)
             build = max(x["build_mib"] - x["floor_mib"] for x in pp)
             steady = max(x["steady_mib"] - x["floor_mib"] for x in pp)
-            raw = incs.get("raw" + kind[3:].replace("torch", "petsc"))
+            raw = incs.get("raw_petsc" + kind[kind.rindex("_"):])
             r.update(floor_mib=fl, peak_mib=pk, increment_mib=inc, build_mib=build, steady_mib=steady)
             ratio = f"{inc / raw:>6.2f}" if raw else f"{'':>6}"
             print(f"{kind:<18} {P:>5} {fl:>8.1f} {pk:>8.1f} {inc:>10.1f} {ratio} {build:>7.1f} {steady:>7.1f} "
