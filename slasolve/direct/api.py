@@ -150,7 +150,7 @@ def _checked_solve(fac, dA, b: torch.Tensor, transpose: bool) -> torch.Tensor:
         cols = 1 if x.dim() == 1 else x.shape[1]
 
         def colmax(t):
-            t = t.reshape(t.shape[0], -1).abs()
+            t = t.reshape(t.shape[0], cols).abs()  # (not -1: a rank may own no rows)
             return t.max(0).values if t.shape[0] else t.new_zeros(cols)
         bad = torch.tensor([0.0 if bool(torch.isfinite(x).all()) else 1.0], dtype=torch.float64)
         loc = torch.cat([bad, colmax(r), colmax(x), colmax(b64)])

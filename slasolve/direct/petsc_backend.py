@@ -42,6 +42,19 @@ def _garbage_cleanup(comm) -> None:
         cleanup(comm)
 
 
+
+def _exactly_symmetric(mat) -> bool:
+    """Collective. ``A == A^T`` exactly: ``||A^T - A||_max == 0`` on an explicit transpose.
+    (PETSc 3.18's ``MatIsSymmetric`` on MPIAIJ segfaulted on a structurally nonsymmetric
+    3x3 matrix at 2 ranks.)"""
+    At = PETSc.Mat()
+    mat.transpose(At)       # into a new Mat: never the cached operator in place
+    try:
+        At.axpy(-1.0, mat, structure=PETSc.Mat.Structure.DIFFERENT_NONZERO_PATTERN)
+        return At.norm(PETSc.NormType.INFINITY) == 0.0
+    finally:
+        At.destroy()
+
 class PetscFactor:
     """Collective (every method). MUMPS factors of one row-sharded operator's values."""
 
@@ -142,7 +155,7 @@ class PetscFactor:
     def _choose_kind(self):
         if self.requested == "lu":
             return "lu", None
-        sym = bool(self.mat.isSymmetric(0.0))  # exact: Cholesky reads one triangle only
+        sym = _exactly_symmetric(self.mat)  # exact: Cholesky reads one triangle only
         if self.requested == "cholesky" and not sym:
             # the same answer on every rank (isSymmetric is collective)
             raise ValueError("factorization='cholesky' needs an exactly symmetric matrix; A is not "
