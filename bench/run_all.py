@@ -37,14 +37,17 @@ def jobs(quick: bool):
     J = []
     # eigen.py / fem.py (other engineers') take sizes instead of --quick
     own = {"eigen.py": ["--n", "100", "--repeat", "1"] if quick else [],
-           "fem.py": ["--n", "100", "--repeat", "2"] if quick else []}
+           "fem.py": ["--n", "100", "--repeat", "2", "--elasticity-n", "8"] if quick else ["--repeat", "3"]}
     for script, timeout in (("matvec.py", 300), ("krylov.py", 900), ("torch_sla_compare.py", 420),
-                            ("eigen.py", 600), ("fem.py", 420)):
+                            ("eigen.py", 600), ("fem.py", 1200)):
         name = script[:-3]
         for n in (1, 2):
             J.append((f"{name}_n{n}", script, mpirun(n), own.get(script, q), timeout, False))
         if script in ("matvec.py", "krylov.py"):  # correctness-level: 4 ranks on 2 cores
             J.append((f"{name}_n4", script, mpirun(4), ["--quick"], timeout, True))
+    for n in (1, 2):  # k right-hand sides in one call vs k calls vs raw KSPMatSolve
+        J.append((f"krylov_multirhs_n{n}", "krylov.py", mpirun(n), q + ["--only", "multirhs", "--trials", "3"],
+                  900, False))
     J.append(("scaling_projection", "scaling_projection.py", mpirun(2), q, 600, False))
     J.append(("memory", "memory.py", [], q + ["--ranks", "1", "2"], 600, False))
     return J
@@ -402,6 +405,25 @@ def report(R, quick, total_s, made):
         A("")
     # ---- eigsh
     e1, e2 = get(R, "eigen_n1"), get(R, "eigen_n2")
+    m1, m2 = get(R, "krylov_multirhs_n1"), get(R, "krylov_multirhs_n2")
+    if m1 or m2:
+        A("## Several right-hand sides (`bench/krylov.py --only multirhs`)\n")
+        A("k right-hand sides of 2-D Poisson: `solve(A, B)` with B of shape (n, k) (one call: shared refresh, "
+          "PC set-up and one true-residual check, then one KSPSolve per column), k separate `solve` calls, and raw "
+          "petsc4py `KSPMatSolve` (called through ctypes; petsc4py 3.18 does not wrap it). PETSc 3.18 has no block "
+          "Krylov method for these KSP types (KSPHPDDM is not in Debian's build): KSPMatSolve is the same C loop "
+          "over columns, so one call saves only the per-call overhead. Medians of the trials, slowest rank.\n")
+        A("| ranks | method + pc | n | k | one call | k calls | raw KSPMatSolve | one/k calls | one/raw | "
+          "iterations (one call / k calls) |\n|---|---|---|---|---|---|---|---|---|---|")
+        for d in (m1, m2):
+            for r in (d or {}).get("multirhs", []):
+                t = r["times"]
+                A(f"| {r['ranks']} | {r['method']}+{r['pc']} | {r['n']} | {r['k']} | "
+                  f"{fmt(t['slasolve_one_call']['median'])} | {fmt(t['slasolve_k_calls']['median'])} | "
+                  f"{fmt(t['raw_matsolve']['median'])} | {r['ratio_one_over_k_calls']['median']:.2f} | "
+                  f"{r['ratio_one_over_raw']['median']:.2f} | {r['iterations'].get('one_call')} / "
+                  f"{r['iterations'].get('k_calls')} |")
+        A("")
     if e1 or e2:
         A("## eigsh (`bench/eigen.py`)\n")
         d0 = e1 or e2
@@ -458,6 +480,27 @@ def report(R, quick, total_s, made):
             A(f"| {d['ranks']} | {so['dofs']} | {so['iterations']} | {t['mesh']:.2f} s | {t['setup']:.2f} s | "
               f"{t['assemble']:.2f} s | {t['solve']:.2f} s | {t['error']:.2f} s | {so['total']:.2f} s |")
         A("")
+    dfx = [(d["ranks"] if "ranks" in d else i + 1, r) for i, d in enumerate((f1, f2)) if d
+           for r in d.get("dolfinx", [])]
+    if dfx:
+        A("### Against DOLFINx 0.5 (`bench/fem.py`, optional contender: `apt-get install python3-dolfinx`)\n")
+        A("The same slasolve box mesh handed to DOLFINx (same PETSc 3.18); calls alternated, best of the runs, "
+          "slowest rank; ratio = slasolve / DOLFINx (below 1: slasolve faster). Equal discrete answers are "
+          "checked in the run (matrix Frobenius norm, f^T A f, load-vector sums and norms).\n")
+        A("| ranks | problem | cells | dofs | quantity | slasolve | DOLFINx | ratio | slasolve first call |"
+          "\n|---|---|---|---|---|---|---|---|---|")
+        for nr, r in dfx:
+            for q, ts in r["slasolve"].items():
+                td = r["dolfinx"].get(q)
+                fc = r.get("slasolve_first_call", {}).get(q)
+                A(f"| {nr} | {r['problem']} | {r['n_cells']} | {r['dofs']} | {q} | {fmt(ts)} | "
+                  f"{fmt(td) if td else '-'} | {f'{ts / td:.2f}' if td else '-'} | {fmt(fc) if fc else '-'} |")
+            A(f"| {nr} | {r['problem']} | | | mesh + setup | {r['mesh']:.2f} + {r['setup']:.2f} s | "
+              f"{r['dolfinx_mesh']:.2f} + {r['dolfinx_setup_incl_jit']:.2f} s | | |")
+        eq = all(r["equal"] for _, r in dfx)
+        A(f"\nDiscrete answers {'equal' if eq else 'DIFFER'}: max relative difference "
+          f"{max(r['max_rel_diff'] for _, r in dfx):.1e}. slasolve's first call on a new Assembler builds its "
+          "cached geometry (coefficient-free element data); later calls scale it and scatter.\n")
     # ---- torch-sla
     A("## torch-sla 0.4.0 (`bench/torch_sla_compare.py`)\n")
     A("Distributed torch-sla runs as `DSparseTensor.partition(A, mesh)` over `torch.distributed` (gloo). "
