@@ -37,14 +37,21 @@ def jobs(quick: bool):
     J = []
     # eigen.py / fem.py (other engineers') take sizes instead of --quick
     own = {"eigen.py": ["--n", "100", "--repeat", "1"] if quick else [],
-           "fem.py": ["--n", "100", "--repeat", "2", "--elasticity-n", "8"] if quick else ["--repeat", "3"]}
+           "fem.py": ["--n", "100", "--repeat", "2", "--no-dolfinx"] if quick else ["--no-dolfinx"]}
     for script, timeout in (("matvec.py", 300), ("krylov.py", 900), ("torch_sla_compare.py", 420),
-                            ("eigen.py", 600), ("fem.py", 1200)):
+                            ("eigen.py", 600), ("fem.py", 600)):
         name = script[:-3]
         for n in (1, 2):
             J.append((f"{name}_n{n}", script, mpirun(n), own.get(script, q), timeout, False))
         if script in ("matvec.py", "krylov.py"):  # correctness-level: 4 ranks on 2 cores
             J.append((f"{name}_n4", script, mpirun(4), ["--quick"], timeout, True))
+    for n in (1, 2):  # slasolve vs DOLFINx (optional contender) on the same meshes
+        J.append((f"fem_dolfinx_n{n}", "fem.py", mpirun(n),
+                  (["--n", "100", "--elasticity-n", "8"] if quick else []) + ["--dolfinx-only", "--repeat", "3"],
+                  1200, False))
+    for n in (1, 2):  # torch backend CG+Jacobi per iteration at 10k unknowns per rank
+        J.append((f"torch_overhead_n{n}", "torch_overhead.py", mpirun(n), ["--trials", "3" if quick else "9"],
+                  300, False))
     for n in (1, 2):  # k right-hand sides in one call vs k calls vs raw KSPMatSolve
         J.append((f"krylov_multirhs_n{n}", "krylov.py", mpirun(n), q + ["--only", "multirhs", "--trials", "3"],
                   900, False))
@@ -329,6 +336,30 @@ def report(R, quick, total_s, made):
         A(target_row(f"eigsh k=6 slasolve slepc / raw slepc4py, {n_r} rank(s), n={d['unknowns'] if d else '?'}",
                      d["ratios"]["slasolve-slepc"] if d else None, 1.10, "le",
                      "best of repeated runs; shift-invert sigma=0, MUMPS" if d else ""))
+    # issue 12 targets
+    dm = get(R, "memory")
+    if dm:
+        incs = {(r["kind"], r["ranks"]): r.get("increment_mib") for r in dm["results"] if "error" not in r}
+        for (kind, nr), inc in incs.items():
+            raw = incs.get(("raw_petsc" + kind[kind.rindex("_"):], nr))
+            if kind.startswith("sla") and raw:
+                A(target_row(f"peak memory above floor, {kind} / raw petsc4py, {nr} rank(s), n={dm['n']}",
+                             inc / raw, 1.25, "le"))
+        for r in dm["results"]:
+            if r.get("steady_mib") and r["kind"].startswith("sla"):
+                A(target_row(f"construction peak / steady state, {r['kind']}, {r['ranks']} rank(s)",
+                             r["build_mib"] / r["steady_mib"], 1.2, "le"))
+    for n_r in (1, 2):
+        d = get(R, f"torch_overhead_n{n_r}")
+        A(target_row(f"CG+Jacobi per iteration torch / PETSc at 10k unknowns per rank, {n_r} rank(s)",
+                     d["ratio_per_iteration"] if d else None, 1.5, "le", "bench/torch_overhead.py"))
+    for n_r in (1, 2):
+        d = get(R, f"fem_dolfinx_n{n_r}")
+        for r in (d or {}).get("dolfinx", []):
+            for q in ("load (constant f)", "load (nodal f)", "stiffness, new per-cell coef"):
+                if r["dolfinx"].get(q):
+                    A(target_row(f"FEM {r['problem']} {q}: slasolve / DOLFINx, {n_r} rank(s)",
+                                 r["slasolve"][q] / r["dolfinx"][q], 1.0, "le", f"{r['n_cells']} cells"))
     A("")
     A("**Why misses happen here** (read with the per-trial ranges):\n")
     A("* *1->2 rank speedups* are bounded by the machine, not by slasolve: the 2-core box was shared with other "
@@ -424,6 +455,30 @@ def report(R, quick, total_s, made):
                   f"{r['ratio_one_over_raw']['median']:.2f} | {r['iterations'].get('one_call')} / "
                   f"{r['iterations'].get('k_calls')} |")
         A("")
+    o1, o2 = get(R, "torch_overhead_n1"), get(R, "torch_overhead_n2")
+    if o1 or o2:
+        A("## Torch backend at small local sizes (`bench/torch_overhead.py`)\n")
+        A("CG + Jacobi on 2-D Poisson with 10k unknowns per rank: slasolve's torch backend against raw petsc4py "
+          "KSP (cg/jacobi, unpreconditioned norm) in the same run, fixed iterations (per iteration) and to "
+          "rtol 1e-6 (per solve), best of the trials; then the torch kernel's iteration broken down (the "
+          "kernel run with timers around the operator, preconditioner and reductions).\n")
+        A("| ranks | n | torch / iteration | PETSc / iteration | ratio | per solve torch / PETSc (its) | ratio |"
+          "\n|---|---|---|---|---|---|---|")
+        for d in (o1, o2):
+            if not d:
+                continue
+            pi, ps = d["per_iteration_s"], d["per_solve_s"]
+            A(f"| {d['ranks']} | {d['n']} | {fmt(pi['torch'])} | {fmt(pi['raw_petsc'])} | "
+              f"{d['ratio_per_iteration']:.2f} | {fmt(ps['torch'])} / {fmt(ps['raw_petsc'])} "
+              f"({d['iterations_rtol']['torch']} / {d['iterations_rtol']['raw_petsc']}) | "
+              f"{d['ratio_per_solve']:.2f} |")
+        A("")
+        A("| breakdown of one kernel iteration | " + " | ".join(f"{d['ranks']} rank(s)" for d in (o1, o2) if d)
+          + " |\n|---|" + "---|" * len([d for d in (o1, o2) if d]))
+        keys = list((o1 or o2)["breakdown_s"])
+        for k in keys:
+            A(f"| {k} | " + " | ".join(fmt(d["breakdown_s"].get(k)) for d in (o1, o2) if d) + " |")
+        A("")
     if e1 or e2:
         A("## eigsh (`bench/eigen.py`)\n")
         d0 = e1 or e2
@@ -480,7 +535,7 @@ def report(R, quick, total_s, made):
             A(f"| {d['ranks']} | {so['dofs']} | {so['iterations']} | {t['mesh']:.2f} s | {t['setup']:.2f} s | "
               f"{t['assemble']:.2f} s | {t['solve']:.2f} s | {t['error']:.2f} s | {so['total']:.2f} s |")
         A("")
-    dfx = [(d["ranks"] if "ranks" in d else i + 1, r) for i, d in enumerate((f1, f2)) if d
+    dfx = [(d["ranks"], r) for d in (get(R, "fem_dolfinx_n1"), get(R, "fem_dolfinx_n2")) if d
            for r in d.get("dolfinx", [])]
     if dfx:
         A("### Against DOLFINx 0.5 (`bench/fem.py`, optional contender: `apt-get install python3-dolfinx`)\n")
@@ -537,14 +592,30 @@ def report(R, quick, total_s, made):
         A("## Peak memory per rank (`bench/memory.py`)\n")
         A(f"n = {d['n']}; each contender in its own mpirun job; max over ranks of `ru_maxrss`; floor = after "
           "imports (Python, numpy, torch, mpi4py, petsc4py -- identical for all).\n")
-        A("| contender | ranks | floor MiB | peak MiB | peak - floor MiB | iterations |\n|---|---|---|---|---|---|")
+        A("`x raw` = (peak - floor) / the same of raw petsc4py doing the same solve (GAMG or Jacobi); "
+          "`build` = peak while the matrix is built (inputs alive) and `steady` = RSS after the solve, both "
+          "above the floor, from a second run with glibc's heap trimmed between phases (Debian's PETSc loads "
+          "SuperLU_DIST, whose constructor disables trimming, so without it every freed temporary stays in RSS).\n")
+        A("| contender | ranks | floor MiB | peak MiB | peak - floor MiB | x raw | build MiB | steady MiB | "
+          "build/steady | iterations |\n|---|---|---|---|---|---|---|---|---|---|")
+        incs = {(r["kind"], r["ranks"]): r.get("increment_mib") for r in d["results"] if "error" not in r}
         for r in d["results"]:
             if "error" in r:
-                A(f"| {r['kind']} | {r['ranks']} | failed | | | |")
-            else:
-                A(f"| {r['kind']} | {r['ranks']} | {r['floor_mib']:.0f} | {r['peak_mib']:.0f} | "
-                  f"{r['increment_mib']:.0f} | {r['per_rank'][0]['iterations']} |")
+                A(f"| {r['kind']} | {r['ranks']} | failed | | | | | | | |")
+                continue
+            raw = incs.get(("raw_petsc" + r["kind"][r["kind"].rindex("_"):], r["ranks"]))
+            xr = f"{r['increment_mib'] / raw:.2f}" if raw else "-"
+            bs = (f"{r['build_mib']:.0f} | {r['steady_mib']:.0f} | {r['build_mib'] / r['steady_mib']:.2f}"
+                  if r.get("steady_mib") else "- | - | -")
+            A(f"| {r['kind']} | {r['ranks']} | {r['floor_mib']:.0f} | {r['peak_mib']:.0f} | "
+              f"{r['increment_mib']:.0f} | {xr} | {bs} | {r['per_rank'][0]['iterations']} |")
         A("")
+        A("Where the memory goes (1 rank, `python bench/memory_breakdown.py [--backend petsc --pc gamg]`): the "
+          "caller's values and CSR arrays (kept as given by `from_local_rows` when sorted), an int32 copy of the "
+          "diagonal block for the torch kernel, the Jacobi inverse diagonal and its snapshot (torch), or the PETSc "
+          "Mat's arrays plus a value snapshot (8 bytes per nonzero: what lets a changed value refill the Mat, "
+          "house rule 'no stale Mat'), and x, b. The row layout builds its diagonal/off-diagonal patterns and "
+          "the transposed pattern only when a backward or transposed product needs them.\n")
     # ---- projection
     d = get(R, "scaling_projection")
     if d:

@@ -68,6 +68,7 @@ def main():
     p.add_argument("--per-rank", type=int, default=10_000)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--trials", type=int, default=7)
+    p.add_argument("--json", default=None, help="write the figures to this JSON file (rank 0)")
     a = p.parse_args()
     torch.set_num_threads(1)
     nx = int(round(math.sqrt(a.per_rank * SIZE)))
@@ -210,6 +211,16 @@ def main():
             ("sync floor alone (exchange + 2 Allreduce)", t_sync)]
     for name, v in rows:
         rprint(f"    {name:42s} {v * 1e6:8.1f} us  {v / per['raw_petsc']:5.2f} x PETSc it")
+    if a.json and COMM.rank == 0:
+        import json
+        with open(a.json, "w") as fh:
+            json.dump({"ranks": SIZE, "n": nx * nx, "rows_rank0": r1 - r0, "iters": a.iters, "trials": a.trials,
+                       "per_iteration_s": {"raw_petsc": per["raw_petsc"], "torch": per["torch"]},
+                       "ratio_per_iteration": per["torch"] / per["raw_petsc"],
+                       "per_solve_s": {"raw_petsc": per["raw_petsc_rtol"], "torch": per["torch_rtol"]},
+                       "iterations_rtol": {"torch": inf_tol.iterations, "raw_petsc": its_tol_p},
+                       "ratio_per_solve": per["torch_rtol"] / per["raw_petsc_rtol"],
+                       "kernel_iteration_s": tot, "breakdown_s": {k.strip(): v for k, v in rows}}, fh, indent=2)
 
 
 if __name__ == "__main__":
