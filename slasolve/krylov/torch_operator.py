@@ -28,12 +28,14 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from .. import _log
 from .._comm import allreduce_sum
 
 __all__ = ["krylov_matvec", "krylov_reducer"]
 
 
 _TAG_KRYLOV = 79  # on the halo plans' inner communicator; the plans use 71-73
+_EV_START, _EV_FINISH = _log.event("slaHaloStart"), _log.event("slaHaloFinish")
 
 
 def _csr(rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, m: int, n: int) -> torch.Tensor:
@@ -68,11 +70,13 @@ class _Exchange:
         self.startall, self.waitall = MPI.Prequest.Startall, MPI.Request.Waitall
 
     def start(self, x: torch.Tensor) -> None:
-        torch.index_select(x, 0, self.send_idx, out=self.send)
-        self.startall(self.reqs)
+        with _log.phase("halo", _EV_START):   # info.times["halo"], -log_view's slaHaloStart
+            torch.index_select(x, 0, self.send_idx, out=self.send)
+            self.startall(self.reqs)
 
     def finish(self) -> torch.Tensor:
-        self.waitall(self.reqs)
+        with _log.phase("halo", _EV_FINISH):
+            self.waitall(self.reqs)
         return self.recv
 
     def __del__(self):
