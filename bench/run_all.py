@@ -386,6 +386,19 @@ def report(R, quick, total_s, made):
       "the live CSR values and the rows with ghost entries are recomputed after the exchange; halo messages "
       "carry a 16-byte header that lets neighbours detect a bad vector on one rank instead of hanging. That "
       "costs 5-20% at 2 ranks against the earlier cached split (0.95 before); the target still holds.")
+    A("* *memory, `sla_petsc_jacobi` at 2 ranks*: beyond raw PETSc's own Mat, slasolve holds the value snapshot "
+      "(8 bytes per nonzero) that lets a changed value refill the cached PETSc Mat (issue 9's 'no stale Mat'), "
+      "and keeps the caller's CSR arrays (its torch-side tensor). A hash instead of the copy costs 0.2-0.5 s per "
+      "40 MB on every solve; comparing with PETSc's own values needs `MatSeqAIJGetArray`, which petsc4py 3.18 "
+      "does not wrap. Was 2.49x before issue 12.")
+    A("* *torch backend at 10k unknowns per rank*: one rank is at the target (the kernel makes 6 torch calls per "
+      "iteration; torch's `mv` alone is ~43 us against PETSc's whole 51 us iteration). At 2 ranks the local "
+      "product is split into a bulk, a ghost and a boundary-row CSR product (to overlap the exchange), 67 us "
+      "against 43 us for the same rows in one product, and the vector updates and two Allreduces add the rest; "
+      "PETSc's iteration barely grows (51 -> 55 us). Was 4.6x / 7.8x before issue 12.")
+    A("* *several right-hand sides*: PETSc 3.18 has no block Krylov method for these KSP types, so one call "
+      "saves only slasolve's per-call overhead (a few percent for CG+GAMG, none for GMRES, whose one-call path "
+      "also pays a `MatMatMult` true-residual check for all columns).")
     A("")
 
     # ---- matvec
