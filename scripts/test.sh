@@ -37,6 +37,14 @@ for n in 2 3 4; do
     "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m "$marks" -p no:cacheprovider ${args[@]+"${args[@]}"} || {
       status=1; echo "mpirun -n $n failed; other ranks' logs:"; tail -n 30 .pytest-mpi/*.log 2>/dev/null; }
 done
+# scale evidence past the machine's cores (opt-in, e.g. SLASOLVE_SCALE_RANKS="8 16"): the property tests
+# (differential against SciPy/LAPACK: the same answers as one rank) oversubscribed at those sizes
+for n in ${SLASOLVE_SCALE_RANKS:-}; do
+  echo "== mpirun -n $n (property tests, oversubscribed; SLASOLVE_SCALE_RANKS)"
+  timeout "$run_timeout" mpirun -n "$n" --oversubscribe --bind-to none \
+    "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m "mpi and property" -p no:cacheprovider ${args[@]+"${args[@]}"} || {
+      status=1; echo "mpirun -n $n failed; other ranks' logs:"; tail -n 30 .pytest-mpi/*.log 2>/dev/null; }
+done
 if [ "${SLASOLVE_SKIP_DOCS:-0}" = "0" ]; then
   # the API reference and guides, warnings as errors (docs/conf.py); SLASOLVE_SKIP_DOCS=1 skips
   echo "== docs (sphinx-build -W, docs/_build/html)"
