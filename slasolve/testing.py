@@ -570,6 +570,7 @@ def distribute_or_none(A, comm, partition: str = "contiguous", coords=None, seed
     try:
         return distribute(A, comm, partition, coords, seed)
     except ValueError as e:
-        if "empty" in str(e) or "no rows" in str(e) or "fewer than" in str(e):
+        msg = str(e)
+        if any(w in msg for w in ("empty", "no rows", "fewer than", "nparts <= n", "exceeds the number of rows")):
             return None
         raise
