@@ -252,6 +252,17 @@ class PetscKrylov:
         self.norm = ("preconditioned" if ksp.getNormType() == PETSc.KSP.NormType.PRECONDITIONED
                      and self.pc_type != "none" else "unpreconditioned")
 
+    def _call_set_up(self, ksp, dA, near_nullspace) -> None:
+        """Collective. This call's preconditioner set-up (near-nullspace included); a
+        failed set-up leaves no near-nullspace on the shared Mat."""
+        try:
+            with _log.phase("setup", _log.event("slaPCSetUp")):
+                self._apply_near_nullspace(ksp, near_nullspace)
+                self._set_up(ksp, dA)
+        except ValueError:
+            _clear_near_nullspace(ksp)
+            raise
+
     def _option_entries(self, pc_name, prefix, petsc_options) -> dict:
         user = option_entries(petsc_options)
         db = PETSc.Options(prefix)
@@ -296,11 +307,8 @@ class PetscKrylov:
         mon.callback = callback
         t0 = time.perf_counter()
         try:
-            with _log.phase("setup", _log.event("slaPCSetUp")):
-                self._apply_near_nullspace(ksp, near_nullspace)
-                self._set_up(ksp, dA)
+            self._call_set_up(ksp, dA, near_nullspace)
         except ValueError:
-            _clear_near_nullspace(ksp)
             B.destroy(), X.destroy()
             raise
         t1 = time.perf_counter()
@@ -504,13 +512,7 @@ class PetscKrylov:
         ksp.getPC().setReusePreconditioner(bool(reuse_pc))
         mon = self._monitor
         t0 = time.perf_counter()
-        try:
-            with _log.phase("setup", _log.event("slaPCSetUp")):
-                self._apply_near_nullspace(ksp, near_nullspace)
-                self._set_up(ksp, dA)
-        except ValueError:
-            _clear_near_nullspace(ksp)
-            raise
+        self._call_set_up(ksp, dA, near_nullspace)
         setup = time.perf_counter() - t0
         op = ksp.getOperators()[0]
         Xv, Bv = op.createVecs()  # work Vecs in PETSc memory (a PC may swap the solution's array)
