@@ -98,7 +98,11 @@ def zero_row_cases(draw):
 
 
 def _split(nb, weights, size):
-    w = np.asarray(weights[:size], dtype=float)
+    """Block-row offsets (``size + 1`` of them) from the drawn weights, repeated cyclically
+    over the ranks: 4 weights are drawn, and at more ranks than that every rank must still
+    get its slice (it once got none past rank 3: those ranks raised IndexError in the test
+    while ranks 0-3 waited in ``from_local_rows``, a hang at 8 ranks)."""
+    w = np.resize(np.asarray(weights, dtype=float), size)
     if w.sum() == 0:
         w[-1] = 1.0
     counts = np.floor(nb * w / w.sum()).astype(int)
@@ -146,4 +150,20 @@ def _check_zero_rows(comm, ex):
 def test_rank_with_zero_rows_works_or_raises_everywhere(comm):
     _needs_ranks(comm)
     collective_property(comm, zero_row_cases(), lambda ex: _check_zero_rows(comm, ex),
-                        name="zero_rows", examples=8, full_examples=100)
+                        name="zero_rows", examples=8, full_examples=100,
+                        explicit=[{"kind": k, "n": 12, "seed": 3, "weights": w, "call": c}
+                                  for k, w, c in (("spd", [0, 0, 0, 0], "solve"), ("block2", [0, 1, 0, 2], "matvec"),
+                                                  ("nonsym", [2, 0, 0, 1], "solve"), ("spd", [0, 3, 0, 0], "eigsh"))])
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 8, 16, 33])
+def test_zero_row_layout_gives_every_rank_a_slice(size):
+    # the layout helper of the zero-rows property, at rank counts past the 4 drawn weights
+    for weights in ([0, 0, 0, 0], [0, 1, 0, 2], [3, 0, 0, 0], [1, 2, 3, 0]):
+        for nb in (4, 12, 40):
+            offs = _split(nb, weights, size)
+            assert len(offs) == size + 1 and offs[0] == 0 and offs[-1] == nb
+            assert np.all(np.diff(offs) >= 0)
+            w = np.resize(weights, size)
+            if w.any():  # a zero weight gives no rows (the drawn pattern is kept at every size)
+                assert np.all(np.diff(offs)[w == 0] == 0)
