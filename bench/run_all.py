@@ -55,6 +55,8 @@ def jobs(quick: bool):
     for n in (1, 2):  # k right-hand sides in one call vs k calls vs raw KSPMatSolve
         J.append((f"krylov_multirhs_n{n}", "krylov.py", mpirun(n), q + ["--only", "multirhs", "--trials", "3"],
                   900, False))
+    for n in (1, 2):  # optimisation-loop iteration (refill, PC set-up, forward, adjoint, value gradient)
+        J.append((f"optloop_n{n}", "optloop.py", mpirun(n), q, 420, False))
     J.append(("scaling_projection", "scaling_projection.py", mpirun(2), q, 600, False))
     J.append(("memory", "memory.py", [], q + ["--ranks", "1", "2"], 600, False))
     return J
@@ -354,6 +356,12 @@ def report(R, quick, total_s, made):
         A(target_row(f"CG+Jacobi per iteration torch / PETSc at 10k unknowns per rank, {n_r} rank(s)",
                      d["ratio_per_iteration"] if d else None, 1.5, "le", "bench/torch_overhead.py"))
     for n_r in (1, 2):
+        d = get(R, f"optloop_n{n_r}")
+        for c in (d or {}).get("cases", []):
+            A(target_row(f"optimisation-loop iteration slasolve / raw petsc4py, {c['case']} n={c['n']}, "
+                         f"{n_r} rank(s)", c["ratio"]["median"], 1.10, "le",
+                         f"range {rng(c['ratio'])}; CG+GAMG; bench/optloop.py"))
+    for n_r in (1, 2):
         d = get(R, f"fem_dolfinx_n{n_r}")
         for r in (d or {}).get("dolfinx", []):
             for q in ("load (constant f)", "load (nodal f)", "stiffness, new per-cell coef"):
@@ -467,6 +475,30 @@ def report(R, quick, total_s, made):
                   f"{fmt(t['raw_matsolve']['median'])} | {r['ratio_one_over_k_calls']['median']:.2f} | "
                   f"{r['ratio_one_over_raw']['median']:.2f} | {r['iterations'].get('one_call')} / "
                   f"{r['iterations'].get('k_calls')} |")
+        A("")
+    p1, p2 = get(R, "optloop_n1"), get(R, "optloop_n2")
+    if p1 or p2:
+        A("## Optimisation-loop iteration (`bench/optloop.py`)\n")
+        A("One iteration with new matrix values (`D_k A D_k`, made before the timed region): slasolve "
+          "`with_values` + `solve(A, b, 'cg', pc='gamg', rtol=1e-8)` + `global_sum(x*c).backward()` (value "
+          "gradient) against raw petsc4py by hand (`setValuesCSR` + assemble, `setOperators` + `setUp`, forward "
+          "`solve`, adjoint `solve`, ghost values by a VecScatter, `-lam[i] x[j]` in NumPy). Same x and gradient "
+          "(max relative difference listed). Phases: per-rank mean over the trials, slowest rank.\n")
+        A("| ranks | case | n | its | slasolve | raw | ratio (range) | max rel diff x / grad |"
+          "\n|---|---|---|---|---|---|---|---|")
+        for d in (p1, p2):
+            for c in (d or {}).get("cases", []):
+                A(f"| {c['ranks']} | {c['case']} | {c['n']} | {c['iterations']['slasolve']} | "
+                  f"{fmt(c['times']['slasolve']['median'])} | {fmt(c['times']['raw_petsc4py']['median'])} | "
+                  f"{rng(c['ratio'])} | {c['rel_err_x']:.0e} / {c['rel_err_grad']:.0e} |")
+        A("")
+        cols = [(d["ranks"], c) for d in (p1, p2) if d for c in d.get("cases", [])]
+        A("| phase | " + " | ".join(f"{c['case']} {r}r slasolve / raw" for r, c in cols) + " |\n|---|"
+          + "---|" * len(cols))
+        for ph in ("refill", "pc_setup", "forward_solve", "forward_other", "adjoint_solve",
+                   "adjoint_refill+setup", "value_grad", "total"):
+            A(f"| {ph} | " + " | ".join(f"{fmt(c['phases']['slasolve'].get(ph))} / "
+                                        f"{fmt(c['phases']['raw_petsc4py'].get(ph))}" for r, c in cols) + " |")
         A("")
     o1, o2 = get(R, "torch_overhead_n1"), get(R, "torch_overhead_n2")
     if o1 or o2:

@@ -115,7 +115,11 @@ def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None):
         with _log.phase("refill", _log.event("slaMatRefill")):
             if _changed_anywhere(dA.comm, entry[1], vals):
                 fill_petsc_mat(entry[0], dA)
-                entry[1] = vals.clone()
+                snap = entry[1]
+                if snap.shape == vals.shape and snap.dtype == vals.dtype and snap.device == vals.device:
+                    snap.copy_(vals)  # the private snapshot's own storage: no new allocation
+                else:
+                    entry[1] = vals.clone()
     if mat_type == _default_type(dA):
         L.petsc_mat = entry[0]
     return entry[0]
