@@ -199,6 +199,21 @@ def test_top88_history_matches_reference():
         np.testing.assert_allclose(design[::-1], ref_x, atol=1e-6)
 
 
+@pytest.mark.parametrize("reuse", ["pc", "lagged", "interpolation"])
+def test_top88_history_with_reuse(reuse):
+    """--reuse (preconditioner kept across OC iterations) and --warm (x0="previous") change
+    iteration counts only: the history is still the 88-line code's."""
+    nelx, nely, rmin, iters = 30, 10, 1.5, 8
+    ref, _ = top88_reference(nelx, nely, 0.5, 3.0, rmin, iters)
+    out = topo.main(["--nelx", str(nelx), "--nely", str(nely), "--rmin", str(rmin), "--iters", str(iters),
+                     "--tol", "0", "--rtol", "1e-12", "--quiet", "--reuse", reuse, "--warm"])
+    np.testing.assert_allclose(np.asarray(out["history"]), ref, rtol=1e-6)
+    infos = out["problem"].infos
+    assert len(infos) == iters and all(i.pc_reuse["mode"] == topo.REUSE[reuse] for i in infos)
+    if reuse != "pc":  # built on the first iteration, kept on some later ones
+        assert infos[0].pc_reuse["rebuilt"] and not all(i.pc_reuse["rebuilt"] for i in infos)
+
+
 # ----------------------------------------------------------------------------- inverse conductivity
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
 def test_inverse_example_runs_and_decreases(optimizer):

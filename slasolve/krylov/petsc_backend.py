@@ -87,6 +87,13 @@ _SYMMETRIC = {"cg", "minres"}
 _GUESS_STATE = {"bcgs", "fbcgs", "fbcgsr", "pipebcgs"}
 # option defaults slasolve sets (only where the options database has no entry)
 _DEFAULT_ENTRIES = {"pc_gamg_reuse_interpolation": "false"}
+# reuse_pc="interpolation": GAMG keeps its prolongators across value changes (coarse operators
+# and smoothers recomputed); the Chebyshev smoothers then estimate their eigenvalues on each
+# level's new operator instead of keeping the estimates GAMG made for the first values
+# (those gave DIVERGED_INDEFINITE_PC after large SIMP value changes); with CG the estimates
+# are made by CG (``mg_levels_esteig_ksp_type``), as PETSc's default GMRES estimates gave
+# DIVERGED_INDEFINITE_PC on SIMP matrices too
+_INTERPOLATION_ENTRIES = {"pc_gamg_reuse_interpolation": "true", "pc_gamg_use_sa_esteig": "false"}
 # preconditioners whose PETSc set-up fails (on the ranks holding it, inside collective
 # set-up) or divides by a zero diagonal entry
 _ROUNDING_FLOOR = 1e3 * 2.220446049250313e-16  # x eps (||b|| + ||A x||)
@@ -192,7 +199,7 @@ class PetscKrylov:
     backend = "petsc"
 
     def __init__(self, dA, method: str, pc, *, restart: int = 30, options_prefix: Optional[str] = None,
-                 petsc_options: Optional[dict] = None):
+                 petsc_options: Optional[dict] = None, reuse_interpolation: bool = False):
         if method not in _KSP_TYPES:
             raise ValueError(f"method must be one of {sorted(_KSP_TYPES)}, got {method!r}")
         self.method = method
@@ -211,6 +218,11 @@ class PetscKrylov:
         self._explicit_T = False  # KSPSolveTranspose failed once: transposes use _ksp_T
         self._monitor = _Monitor()
         self._pyctx = None
+        self._defaults = dict(_DEFAULT_ENTRIES)
+        if reuse_interpolation:
+            self._defaults.update(_INTERPOLATION_ENTRIES)
+            if method == "cg":  # SPD: CG estimates the extreme eigenvalues (GMRES's underestimate
+                self._defaults["mg_levels_esteig_ksp_type"] = "cg"  # gave DIVERGED_INDEFINITE_PC)
         try:
             self._configure(ksp, mat, dA, method, pc, restart, options_prefix, petsc_options)
         except PETSc.Error as e:
@@ -266,10 +278,19 @@ class PetscKrylov:
     def _option_entries(self, pc_name, prefix, petsc_options) -> dict:
         user = option_entries(petsc_options)
         db = PETSc.Options(prefix)
-        entries = {k: v for k, v in {**_DEFAULT_ENTRIES, **_pc_entries(pc_name, self.comm.Get_size(), self.method)}.items()
+        entries = {k: v for k, v in {**self._defaults, **_pc_entries(pc_name, self.comm.Get_size(), self.method)}.items()
                    if not db.hasName(k)}
         entries.update(user)
         return entries
+
+    def reset_pc(self) -> None:
+        """Collective. Make the next solve build an algebraic multigrid preconditioner from
+        scratch, prolongators included (GAMG configured by ``reuse_interpolation`` keeps them
+        otherwise). Every other preconditioner is rebuilt whenever a solve without
+        ``reuse_pc`` sees values it was not built for, so nothing needs forgetting."""
+        for ksp in (self.ksp, self._ksp_T):
+            if ksp is not None and ksp.getPC().getType() in _USES_NEAR_NULLSPACE:
+                self._fresh_pc(ksp)
 
     def set_callable(self, fn) -> None:
         """Local. Use ``fn`` as the (python) preconditioner from now on."""
@@ -425,7 +446,7 @@ class PetscKrylov:
             self._ksp_T_state = state
         return self._ksp_T, False, False
 
-    def solve_transpose(self, dA, b, **kw):
+    def solve_transpose(self, dA, b, x0=None, **kw):
         """Collective. Solve ``A^T x = b`` reusing the operator and preconditioner.
 
         CG and MINRES use the same KSP (``A`` is symmetric). GMRES/BiCGStab use
@@ -435,28 +456,28 @@ class PetscKrylov:
         ksp, transpose, reset = self._transpose_target(dA)
         if transpose:
             try:
-                return self._run(ksp, dA, b, None, True, **kw)
+                return self._run(ksp, dA, b, x0, True, **kw)
             except PETSc.Error:  # the PC has no transpose apply: the explicit transpose from now on
                 self._explicit_T = True
                 ksp, transpose, reset = self._transpose_target(dA)
-        return self._run(ksp, dA, b, None, transpose, reset_operators=reset, **kw)
+        return self._run(ksp, dA, b, x0, transpose, reset_operators=reset, **kw)
 
     def solve_many(self, dA, B, X0=None, **kw):
         """Collective. Solve ``A X = B`` for ``B`` of shape ``(n_local, k)`` in one call:
         ``(X, [SolveInfo per column])``. See :meth:`_run_many`."""
         return self._run_many(self.ksp, dA, B, X0, False, **kw)
 
-    def solve_transpose_many(self, dA, B, **kw):
+    def solve_transpose_many(self, dA, B, x0=None, **kw):
         """Collective. Solve ``A^T X = B`` for ``k`` columns in one call (the adjoint of
         :meth:`solve_many`), with the KSP :meth:`solve_transpose` would use."""
         ksp, transpose, reset = self._transpose_target(dA)
         if transpose:
             try:
-                return self._run_many(ksp, dA, B, None, True, **kw)
+                return self._run_many(ksp, dA, B, x0, True, **kw)
             except PETSc.Error:
                 self._explicit_T = True
                 ksp, transpose, reset = self._transpose_target(dA)
-        return self._run_many(ksp, dA, B, None, transpose, reset_operators=reset, **kw)
+        return self._run_many(ksp, dA, B, x0, transpose, reset_operators=reset, **kw)
 
     def _run_many(self, ksp, dA, B: torch.Tensor, X0: Optional[torch.Tensor], transpose: bool, *, rtol,
                   atol, maxiter, callback, record_history, reuse_pc: bool = False,

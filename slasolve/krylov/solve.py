@@ -38,12 +38,19 @@ def default_backend() -> str:
 #: KSPs / native solvers kept per operator layout (least recently used evicted first)
 SOLVER_CACHE_SIZE = 8
 
+#: ``reuse_pc`` modes besides ``False`` / ``True``
+REUSE_MODES = ("lagged", "interpolation")
+#: ``reuse_pc="lagged"`` / ``"interpolation"``: the next solve with new values builds the
+#: preconditioner from scratch once a solve needed more than ``LAG_GROWTH`` times the
+#: iterations of the solve right after the last full build
+LAG_GROWTH = 1.5
+
 
 def _pc_key(pc):
     return "callable" if callable(pc) else pc
 
 
-def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options):
+def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reuse_pc=False):
     """Collective. The cached solver for these settings on ``dA``'s layout.
 
     The cache is a small LRU (``SOLVER_CACHE_SIZE``): every argument in the key agrees
@@ -58,7 +65,9 @@ def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options):
     if not isinstance(cache, OrderedDict):
         cache = L.__dict__["solver_cache"] = OrderedDict()
     opts_key = tuple(sorted((str(k), repr(v)) for k, v in (petsc_options or {}).items()))
-    key = (backend, method, _pc_key(pc), int(restart), options_prefix, opts_key)
+    # reuse_pc="interpolation" configures GAMG differently: a KSP of its own, never shared
+    interp = reuse_pc == "interpolation" and backend == "petsc"
+    key = (backend, method, _pc_key(pc), int(restart), options_prefix, opts_key) + (("interp",) if interp else ())
     solver = cache.get(key)
     if solver is None:
         err = None
@@ -69,7 +78,7 @@ def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options):
                 if backend == "petsc":
                     from .petsc_backend import PetscKrylov
                     solver = PetscKrylov(dA, method, pc, restart=restart, options_prefix=options_prefix,
-                                         petsc_options=petsc_options)
+                                         petsc_options=petsc_options, reuse_interpolation=interp)
                 else:
                     from .torch_backend import TorchKrylov
                     solver = TorchKrylov(dA, method, pc, restart=restart)
@@ -136,13 +145,79 @@ def _columns(solve_one, b, x0, solve_many=None):
     return torch.stack(xs, 1), _merge(infos)
 
 
+def _with_reuse(solver, run, mode, forward: bool, fallback=None):
+    """Collective. ``run(reuse[, other solver]) -> (x, info)`` under the ``reuse_pc`` mode ``mode``.
+
+    ``reuse`` is PETSc's ``KSPSetReusePreconditioner`` flag for this call. Whatever the
+    mode, a reusing solve that does not converge is solved again, from the same initial
+    guess, with the preconditioner built from scratch for the current values: reuse only
+    ever changes iteration counts and set-up times. ``"lagged"`` keeps the preconditioner
+    until a forward solve needs more than ``LAG_GROWTH`` times the iterations of the
+    forward solve right after the last full build; ``"interpolation"`` (a GAMG KSP that
+    keeps its prolongators, see ``PetscKrylov``) uses the same rule for its full rebuilds.
+    If that fails too and ``fallback()`` gives the default-mode solver (interpolation mode,
+    whose KSP is configured differently), the default solver solves it.
+    The adjoint (``forward=False``) keeps whatever the forward left (the values are
+    unchanged in between, so nothing is set up again) and never moves the rule's baseline.
+    Every decision is taken from global quantities (iteration counts, convergence), the
+    same on every rank.
+    """
+    if mode is False:  # a default call forgets the rule's state (it rebuilds for new values)
+        solver.__dict__.pop("_reuse_state", None)
+        return run(False)
+    state = solver.__dict__.setdefault("_reuse_state", {})
+    reset = getattr(solver, "reset_pc", None)
+    built = False
+    if mode == "interpolation":
+        if forward and "base" not in state and state.get("used"):
+            if reset is not None:
+                reset()          # prolongators from scratch for these values
+            built = True
+        elif forward and not state.get("used"):
+            built = True
+        x, info = run(False)
+    else:
+        keep = True if mode is True or not forward else "base" in state
+        built = forward and not keep
+        x, info = run(keep)
+    state["used"] = True
+    retried, discarded = False, 0
+    if not info.converged:
+        if reset is not None:
+            reset()
+        x2, info2 = run(False)
+        if not info2.converged and fallback is not None:
+            x2, info2 = run(False, fallback())
+        x, info, built, retried, discarded = x2, info2, True, True, info.iterations
+        if not forward:
+            state.pop("base", None)   # built in the backward: the next forward starts over
+    if forward or retried:
+        if built and forward:
+            state["base"] = info.iterations
+        elif "base" in state and info.iterations > LAG_GROWTH * max(state["base"], 1):
+            del state["base"]         # the next forward solve builds from scratch
+    info.pc_reuse = {"mode": mode, "rebuilt": built, "retried": retried, "discarded_iterations": discarded}
+    return x, info
+
+
+# solve options that are not keyword arguments of the backends' solve methods
+_NOT_SOLVER_KW = ("raise_on_fail", "pc_fn", "reuse_pc", "warm", "fallback")
+
+
 class _AdjointSolve(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values, b, dA, solver, opts, x0, out):
-        kw = {k: v for k, v in opts.items() if k not in ("raise_on_fail", "pc_fn")}
-        many = getattr(solver, "solve_many", None)
-        x, info = _columns(lambda bj, x0j: solver.solve(dA, bj, x0j, **kw), b, x0,
-                           None if many is None else lambda B, X0: many(dA, B, X0, **kw))
+        kw = {k: v for k, v in opts.items() if k not in _NOT_SOLVER_KW}
+        if opts["warm"]:
+            x0 = _previous(solver, "x", b)
+
+        def run(reuse, s=solver):
+            many = getattr(s, "solve_many", None)
+            return _columns(lambda bj, x0j: s.solve(dA, bj, x0j, reuse_pc=reuse, **kw), b, x0,
+                            None if many is None else lambda B, X0: many(dA, B, X0, reuse_pc=reuse, **kw))
+        x, info = _with_reuse(solver, run, opts["reuse_pc"], True, opts.get("fallback"))
+        if opts["warm"]:
+            _remember(solver, "x", x)
         out["info"] = info
         _raise_if_failed(info, opts["raise_on_fail"])
         ctx.dA, ctx.solver, ctx.opts, ctx.info = dA, solver, opts, info
@@ -161,13 +236,22 @@ class _AdjointSolve(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         if ctx.opts.get("pc_fn") is not None:  # the cached solver may have another callable now
             ctx.solver.set_callable(ctx.opts["pc_fn"])
-        kw = {k: v for k, v in ctx.opts.items() if k not in ("raise_on_fail", "pc_fn")}
+        kw = {k: v for k, v in ctx.opts.items() if k not in _NOT_SOLVER_KW}
         kw.update(callback=None, record_history=False)
         with _log.stage("slaAdjoint"), _log.event("slaAdjoint"), _log.collect() as times:
-            many = getattr(ctx.solver, "solve_transpose_many", None)
-            lam, info = _columns(lambda gj, _: ctx.solver.solve_transpose(ctx.dA, gj.contiguous(), **kw),
-                                 g.contiguous(), None,
-                                 None if many is None else lambda G, _: many(ctx.dA, G, **kw))
+            solver, warm = ctx.solver, ctx.opts["warm"]
+            g = g.contiguous()
+            l0 = _previous(solver, "lam", g) if warm else None
+
+            def run(reuse, s=solver):
+                many = getattr(s, "solve_transpose_many", None)
+                return _columns(lambda gj, l0j: s.solve_transpose(ctx.dA, gj.contiguous(), x0=l0j,
+                                                                  reuse_pc=reuse, **kw), g, l0,
+                                None if many is None else lambda G, L0: many(ctx.dA, G, x0=L0, reuse_pc=reuse,
+                                                                              **kw))
+            lam, info = _with_reuse(solver, run, ctx.opts["reuse_pc"], False, ctx.opts.get("fallback"))
+            if warm:
+                _remember(solver, "lam", lam)
         info.times = times
         ctx.info.adjoint = info    # reachable from the forward's SolveInfo
         ctx.info.times["adjoint"] = ctx.info.times.get("adjoint", 0.0) + times["total"]
@@ -175,6 +259,20 @@ class _AdjointSolve(torch.autograd.Function):
         gb = lam if ctx.needs_input_grad[1] else None
         gv = matvec_value_grad(ctx.dA, -lam, x) if ctx.needs_input_grad[0] else None
         return gv, gb, None, None, None, None, None
+
+
+def _previous(solver, what, b):
+    """Local. The last solution ``what`` (``"x"``, adjoint ``"lam"``) this solver gave for a
+    right-hand side shaped like ``b`` under ``x0="previous"``, or None. Every rank finds
+    one or none alike: the cache and the call sequence are the same on every rank."""
+    prev = solver.__dict__.get("_previous", {}).get(what)
+    if prev is None or prev.shape != b.shape or prev.dtype != b.dtype or prev.device != b.device:
+        return None
+    return prev
+
+
+def _remember(solver, what, x) -> None:
+    solver.__dict__.setdefault("_previous", {})[what] = x.detach().clone()
 
 
 def _is_int(v) -> bool:
@@ -247,7 +345,10 @@ def _check_rhs(dA, b, x0):
         return ValueError("b has no columns (shape (n, 0)): nothing to solve")
     if b.dtype != dA.dtype:
         return TypeError(f"b has dtype {b.dtype}, the matrix {dA.dtype}")
-    if x0 is not None:
+    if isinstance(x0, str):
+        if x0 != "previous":
+            return ValueError(f"x0 must be a tensor, None or 'previous', got {x0!r}")
+    elif x0 is not None:
         if not isinstance(x0, torch.Tensor) or x0.shape != b.shape:
             return ValueError(f"x0 must be a tensor shaped like b {tuple(b.shape)}, got "
                               f"{tuple(x0.shape) if isinstance(x0, torch.Tensor) else type(x0).__name__}")
@@ -273,6 +374,13 @@ def _check_near_nullspace(dA, Z):
     return None
 
 
+def _check_reuse(reuse_pc):
+    """Local. The problem with ``reuse_pc``, or None."""
+    if isinstance(reuse_pc, bool) or (isinstance(reuse_pc, str) and reuse_pc in REUSE_MODES):
+        return None
+    return ValueError(f"reuse_pc must be False, True, 'lagged' or 'interpolation', got {reuse_pc!r}")
+
+
 def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options,
               options_prefix, return_info, raise_on_fail, reuse_pc, near_nullspace=None):
     """Collective. Normalise ``A`` and check every argument with ONE check_collective,
@@ -286,7 +394,7 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
         err = e
     comm = A.comm if isinstance(A, DSparseTensor) else (dA.comm if dA is not None else MPI.COMM_SELF)
     err = err or _check_settings(method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options,
-                                 options_prefix)
+                                 options_prefix) or _check_reuse(reuse_pc)
     if err is None:
         err = _check_operator(dA) or _check_rhs(dA, b, x0) or _check_near_nullspace(dA, near_nullspace)
     p = M if M is not None else pc
@@ -296,10 +404,10 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
              "atol": float(atol) if _is_real(atol) else repr(atol),
              "maxiter": maxiter, "restart": restart,
              "b columns": (b.shape[1] if b.dim() == 2 else None) if isinstance(b, torch.Tensor) else None,
-             "x0 given": x0 is not None,
+             "x0 given": x0 if isinstance(x0, str) else x0 is not None,
              "dtype": str(b.dtype) if isinstance(b, torch.Tensor) else None,
              "return_info": bool(return_info), "raise_on_fail": bool(raise_on_fail),
-             "reuse_pc": bool(reuse_pc),
+             "reuse_pc": reuse_pc if isinstance(reuse_pc, (bool, str)) else repr(reuse_pc),
              "near_nullspace columns": None if near_nullspace is None else
              (near_nullspace.shape[-1] if isinstance(near_nullspace, torch.Tensor) else "given"),
              "options_prefix": options_prefix,
@@ -319,12 +427,12 @@ def _progress_callback(comm, every: int, user_cb):
 
 
 def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = None, rtol: float = 1e-5,
-          atol: float = 0.0, maxiter: Optional[int] = None, x0: Optional[torch.Tensor] = None,
+          atol: float = 0.0, maxiter: Optional[int] = None, x0: Union[torch.Tensor, str, None] = None,
           pc: Union[str, Callable, None] = None, M: Optional[Callable] = None, restart: int = 30,
           callback: Optional[Callable[[int, float], None]] = None, return_info: bool = False,
           raise_on_fail: bool = True, petsc_options: Optional[dict] = None,
           options_prefix: Optional[str] = None, record_history: bool = False,
-          progress: Union[bool, int] = False, reuse_pc: bool = False,
+          progress: Union[bool, int] = False, reuse_pc: Union[bool, str] = False,
           near_nullspace: Optional[torch.Tensor] = None
           ) -> Union[torch.Tensor, Tuple[torch.Tensor, SolveInfo]]:
     """Collective. Solve ``A x = b`` with a Krylov method; differentiable (adjoint).
@@ -356,6 +464,11 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         the initial guess. With the petsc backend, ``-ksp_rtol``, ``-ksp_atol``,
         ``-ksp_max_it``, ``-ksp_divtol`` in the options database (``petsc_options`` or the
         command line) take precedence, as in PETSc.
+        ``x0="previous"`` (warm start, opt-in): start from the solution of the previous
+        ``x0="previous"`` solve with the same cached solver (same layout, method, pc,
+        options) and the same shape of ``b``, zeros when there is none; the adjoint solve
+        of the backward likewise starts from the previous adjoint solution. The stopping
+        test is unchanged, so the answer differs from a cold start only within tolerance.
     pc, M
         Preconditioner name (``none, jacobi, bjacobi, ilu, icc, asm, gamg, hypre, lu,
         cholesky``; the torch backend has ``none, jacobi, bjacobi, ilu, icc``) or a callable
@@ -370,11 +483,32 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         prefix, present only while this solve's KSP is configured (they never reach a
         later call); command-line ``-ksp_*`` / ``-pc_*`` options apply too. A bad entry
         (unknown ``ksp_type``, ...) raises ``ValueError`` on every rank.
-    reuse_pc : bool
-        Keep the preconditioner built for earlier values when the values change (PETSc's
-        ``KSPSetReusePreconditioner``: lagging saves the setup, the answer is still
-        checked against the current matrix). Default ``False``: rebuilt (GAMG included,
-        prolongators and smoother eigenvalue estimates too) whenever the values change.
+    reuse_pc : {False, True, "lagged", "interpolation"}
+        What to keep of the preconditioner when ``A``'s values change between calls (an
+        optimisation loop). Whatever the mode, the solve runs on the current values and
+        "converged" means the true residual ``||b - A x||`` passes, so reuse changes
+        iteration counts and set-up time, never the answer; and a reusing solve that does
+        not converge is solved again (same ``x0``) with the preconditioner built from
+        scratch before anything is reported or raised (``info.pc_reuse["retried"]``).
+
+        * ``False`` (default): rebuilt whenever the values change (GAMG included:
+          prolongators and smoother eigenvalue estimates too).
+        * ``True``: kept (PETSc's ``KSPSetReusePreconditioner``) until a call without it.
+        * ``"lagged"``: kept while the solves need at most ``LAG_GROWTH`` (1.5) times the
+          iterations of the solve right after the last build; the next solve after one
+          that needed more builds it for its values.
+        * ``"interpolation"`` (petsc backend, ``pc="gamg"``): GAMG keeps its prolongators
+          (``-pc_gamg_reuse_interpolation``) and recomputes the coarse operators and the
+          Chebyshev smoothers' eigenvalue estimates for the new values; prolongators are
+          rebuilt under the same ``LAG_GROWTH`` rule. A KSP of its own, never shared with
+          calls in another mode. With other preconditioners, and on the torch backend,
+          it is ``False``.
+
+        The adjoint solve of the backward always reuses the forward's set-up (same values:
+        nothing is set up again, in every mode; hypre with GMRES/BiCGStab needs ``A^T``
+        explicitly and sets up on it). For a reusing call ``info.pc_reuse`` is
+        ``{"mode", "rebuilt" (built for this call's values), "retried", "discarded_iterations"
+        (of the failed attempt)}``; ``info`` describes the solve whose answer is returned.
     record_history : bool
         Fill ``SolveInfo.residual_history``.
     progress : bool or int
@@ -451,10 +585,16 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         pc = M if M is not None else pc
         if progress:
             callback = _progress_callback(dA.comm, 10 if progress is True else int(progress), callback)
-        solver = _solver(dA, method, backend, pc, restart, options_prefix, petsc_options)
+        if reuse_pc == "interpolation" and backend != "petsc":
+            reuse_pc = False  # no prolongators to keep
+        solver = _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reuse_pc)
         opts = dict(rtol=float(rtol), atol=float(atol), maxiter=None if maxiter is None else int(maxiter),
                     callback=callback, record_history=record_history, raise_on_fail=raise_on_fail,
-                    pc_fn=pc if callable(pc) else None, reuse_pc=bool(reuse_pc))
+                    pc_fn=pc if callable(pc) else None, reuse_pc=reuse_pc, warm=isinstance(x0, str))
+        if isinstance(x0, str):
+            x0 = None  # the previous solution, looked up in _AdjointSolve
+        if reuse_pc == "interpolation" and backend == "petsc":  # last resort: the default-mode KSP
+            opts["fallback"] = lambda: _solver(dA, method, backend, pc, restart, options_prefix, petsc_options)
         if near_nullspace is not None and backend == "petsc":  # a hint only the petsc backend uses
             opts["near_nullspace"] = near_nullspace
         out: dict = {}

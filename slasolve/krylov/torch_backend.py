@@ -149,9 +149,9 @@ class TorchKrylov:
         """Collective. Solve ``A x = b`` for one right-hand side (``dA`` shares the layout)."""
         return self._run(dA, b, x0, False, **kw)
 
-    def solve_transpose(self, dA, b, **kw):
+    def solve_transpose(self, dA, b, x0=None, **kw):
         """Collective. Solve ``A^T x = b`` (``A^T`` products by reverse halo exchange)."""
-        return self._run(dA, b, None, True, **kw)
+        return self._run(dA, b, x0, True, **kw)
 
     def destroy(self) -> None:
         """Local. Drop the preconditioners."""

@@ -1,0 +1,314 @@
+"""Opt-in preconditioner reuse and warm starts in optimisation loops (``slasolve.solve``'s
+``reuse_pc=True | "lagged" | "interpolation"`` and ``x0="previous"``).
+
+Checks: after value changes every mode gives the answer of SciPy's ``spsolve`` on the
+current values and the gradient of a no-reuse run (and gradcheck); PETSc's log events
+prove the reuse (GAMG set-ups and prolongator builds counted) and the rebuild when the
+iteration count grows or a kept preconditioner fails; the backward sets nothing up again;
+no setting leaks into a later call without it; bad or disagreeing settings raise on every
+rank. Run serially and under mpirun -n 2 / 3 / 4 with --with-mpi.
+"""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+import torch
+from mpi4py import MPI
+
+import slasolve
+from slasolve import DSparseTensor
+from slasolve.krylov.solve import LAG_GROWTH
+
+pytestmark = pytest.mark.mpi
+MODES = [True, "lagged", "interpolation"]
+
+
+def poisson2d(n):
+    I = sp.identity(n)
+    D = sp.diags([-1, 2, -1], [-1, 0, 1], (n, n))
+    return (sp.kron(I, D) + sp.kron(D, I)).tocsr()
+
+
+def _close(x, ref, comm, tol):
+    err = float(np.sqrt(comm.allreduce(float(((x.detach() - ref) ** 2).sum()))))
+    nrm = float(np.sqrt(comm.allreduce(float((ref ** 2).sum()))))
+    assert err <= tol * nrm, (err, nrm)
+
+
+def _simp(comm, nelx, nely):
+    """SIMP plane-stress MBB stiffness (as examples/topology_optimisation.py): ``system(rho)
+    -> (K_bc, f_bc)``, local cell count, first local cell, global cell count."""
+    from slasolve.fem import Assembler, DirichletBC, boundary_dofs, box_mesh
+    mesh = box_mesh((nelx, nely), upper=(nelx, nely), cell="quad", comm=comm)
+    space = Assembler(mesh, block_size=2)
+    left = boundary_dofs(space, lambda x: x[:, 0] < 1e-9, components=[0])
+    roller = boundary_dofs(space, lambda x: (x[:, 0] > nelx - 1e-9) & (x[:, 1] < 1e-9), components=[1])
+    bc = DirichletBC(space, torch.sort(torch.cat([left, roller])).values, 0.0)
+    f = space.zeros()
+    dof = 2 * (nely * (nelx + 1)) + 1
+    d0, d1 = space.dof_range
+    if d0 <= dof < d1:
+        f[dof - d0] = -1.0
+
+    def system(rho):
+        K = space.elasticity(1e-9 + rho ** 3 * (1.0 - 1e-9), 0.3, kind="plane_stress")
+        return bc.apply(K, f)
+
+    nc = mesh.n_local_cells
+    return system, nc, sum(comm.allgather(nc)[:comm.rank]), comm.allreduce(nc)
+
+
+def _densities(comm, nc, off, n):
+    """Uniform, two small changes, a big change (a kept GAMG fails on it), a small change."""
+    g = torch.rand(n, generator=torch.Generator().manual_seed(1), dtype=torch.float64)[off:off + nc]
+    big = 0.05 + 0.95 * g ** 2
+    return [torch.full((nc,), 0.5), torch.full((nc,), 0.55), torch.full((nc,), 0.6), big, 0.9 * big]
+
+
+def _scipy_ref(K, f, comm):
+    """SciPy's spsolve on the gathered system: this rank's rows of the solution."""
+    loc = K.local.scalar() if K.local.is_block else K.local
+    n = K.global_shape[0] * (K.local.block_shape[0] if K.local.is_block else 1)
+    part = sp.csr_matrix((loc.values.detach().numpy(), loc.indices.numpy(), loc.indptr.numpy()),
+                         shape=(loc.indptr.numel() - 1, n))
+    Kg = sp.vstack(comm.allgather(part)).tocsc()
+    fg = np.concatenate(comm.allgather(f.detach().numpy()))
+    d0 = sum(comm.allgather(f.numel())[:comm.rank])
+    return torch.from_numpy(spla.spsolve(Kg, fg)[d0:d0 + f.numel()])
+
+
+def _events():
+    """PETSc event counters over every slasolve stage: GAMG set-ups and prolongator builds (the
+    finest level's prolongator smoothing, "PCGAMG Opt l00"; GAMG registers "PCGAMGProl" lazily)."""
+    from petsc4py import PETSc
+    from slasolve import _log
+    PETSc.Log.begin()
+    evs = {"gamg": PETSc.Log.Event("PCSetUp_GAMG+"), "prol": PETSc.Log.Event("PCGAMG Opt l00"),
+           "setup": PETSc.Log.Event("PCSetUp")}
+    stages = [0] + [_log.stage(s).petsc.id for s in _log.STAGE_NAMES]
+    return lambda: {k: sum(e.getPerfInfo(st)["count"] for st in stages) for k, e in evs.items()}
+
+
+def _compliance_and_grad(system, rho, count=None, method="cg", pc="gamg", **kw):
+    """Compliance and its gradient; with ``count``, asserts that the backward sets up no
+    preconditioner (PETSc's PCSetUp, sub-preconditioners included, counted)."""
+    r = rho.clone().requires_grad_(True)
+    K, f = system(r)
+    x, info = slasolve.solve(K, f, method, pc=pc, rtol=1e-10, maxiter=600, return_info=True, **kw)
+    c = slasolve.global_sum((f * x).sum())
+    before = count() if count else None
+    c.backward()
+    if count:
+        assert count()["setup"] == before["setup"], "the adjoint set a preconditioner up again"
+    return K, f, x, float(c.detach()), r.grad, info
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_simp_sequence_answers_and_gradients(comm, mode, warm):
+    """Every mode (with and without warm starts) through value changes, a big one included:
+    x equals SciPy's solution for the current values, compliance and gradient equal a
+    no-reuse run's, and the backward sets nothing up."""
+    system, nc, off, n = _simp(comm, 24, 10)
+    count = _events()
+    for i, rho in enumerate(_densities(comm, nc, off, n)):
+        K, f, x, c, g, info = _compliance_and_grad(system, rho, count, reuse_pc=mode,
+                                                   x0="previous" if warm else None)
+        _close(x, _scipy_ref(K, f, comm), comm, 1e-7)
+        _, _, _, c_ref, g_ref, _ = _compliance_and_grad(system, rho, count, options_prefix="plain_")
+        assert abs(c - c_ref) <= 1e-8 * abs(c_ref)
+        _close(g, g_ref, comm, 1e-7)
+        assert info.adjoint.converged and info.pc_reuse["mode"] == mode
+
+
+@pytest.mark.parametrize("method,pc", [("cg", "gamg"), ("cg", "ilu"), ("gmres", "gamg"), ("gmres", "ilu"),
+                                       ("bicgstab", "jacobi")])
+def test_backward_reuses_forward_setup(comm, method, pc):
+    """Default mode: the adjoint solve of the backward reuses the forward's preconditioner
+    set-up (same values: no PCSetUp at all in the backward)."""
+    system, nc, off, n = _simp(comm, 12, 6)
+    count = _events()
+    for rho in _densities(comm, nc, off, n)[:3]:
+        _, _, _, _, g, info = _compliance_and_grad(system, rho, count, method=method, pc=pc)
+        assert info.adjoint.converged and torch.isfinite(g).all()
+
+
+@pytest.mark.timeout(240)
+def test_setup_counts_prove_reuse_and_rebuild(comm):
+    """PETSc's own counters: lagged sets GAMG up once for three value changes, rebuilds when
+    the kept one fails (retry, same answer as a fresh KSP); interpolation recomputes GAMG
+    per value change but keeps its prolongators until the iterations grow."""
+    system, nc, off, n = _simp(comm, 40, 16)
+    rhos = _densities(comm, nc, off, n)
+    count = _events()
+
+    def fresh_iterations(i, rho, **kw):  # a new KSP (another options prefix) on these values
+        K, f = system(rho)
+        return slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, maxiter=600, return_info=True,
+                              options_prefix=f"fresh{i}_", **kw)[1].iterations
+
+    # --- lagged
+    deltas, infos = [], []
+    for rho in rhos[:4]:
+        c0 = count()
+        *_, info = _compliance_and_grad(system, rho, reuse_pc="lagged")
+        c1 = count()
+        deltas.append(c1["gamg"] - c0["gamg"])
+        infos.append(info)
+    assert deltas[:3] == [1, 0, 0], deltas                      # built once, kept twice
+    assert [i.pc_reuse["rebuilt"] for i in infos[:3]] == [True, False, False]
+    big = infos[3]
+    if big.pc_reuse["retried"]:        # the kept GAMG failed on the big change: rebuilt and solved again
+        assert deltas[3] == 1 and big.iterations == fresh_iterations(3, rhos[3])
+        assert big.pc_reuse["discarded_iterations"] > 0
+    else:                              # converged with the kept one, slower: the next call rebuilds
+        assert deltas[3] == 0 and big.iterations > LAG_GROWTH * infos[0].iterations
+        c0 = count()
+        *_, info = _compliance_and_grad(system, rhos[4], reuse_pc="lagged")
+        assert count()["gamg"] - c0["gamg"] == 1 and info.pc_reuse["rebuilt"]
+        assert info.iterations == fresh_iterations(4, rhos[4])
+    # --- interpolation: GAMG set up per value change, prolongators only when built from scratch
+    prol, gamg, infos = [], [], []
+    for rho in rhos:
+        c0 = count()
+        *_, info = _compliance_and_grad(system, rho, reuse_pc="interpolation")
+        c1 = count()
+        prol.append(c1["prol"] - c0["prol"])
+        gamg.append(c1["gamg"] - c0["gamg"])
+        infos.append(info)
+    assert gamg == [1] * 5, gamg
+    assert prol[0] > 0 and prol[1] == prol[2] == 0, prol
+    base = infos[0].iterations
+    assert infos[3].iterations > LAG_GROWTH * base     # the big change: old prolongators, slower
+    assert infos[4].pc_reuse["rebuilt"] and prol[4] > 0   # so the next call rebuilds them
+    # a new interpolation-mode KSP (its smoothers estimate their own eigenvalues) on these values
+    assert infos[4].iterations == fresh_iterations(5, rhos[4], reuse_pc="interpolation")
+
+
+@pytest.mark.parametrize("backend", ["petsc", "torch"])
+def test_lagged_rebuilds_when_iterations_grow(comm, backend):
+    """ILU kept across a large rescaling D A D converges slower than LAG_GROWTH x the
+    count after the build: the next call rebuilds, with a fresh solver's iteration count."""
+    A = poisson2d(12)
+    dA = DSparseTensor.from_global(A, comm, partition="contiguous")
+    r0, r1 = dA.row_range
+    bg = torch.from_numpy(np.sin(np.arange(A.shape[0]) * 0.37) + 0.5)
+    b = bg[r0:r1].clone()
+    kw = dict(pc="ilu", backend=backend, rtol=1e-10, return_info=True, reuse_pc="lagged")
+    _, i1 = slasolve.solve(dA, b, "cg", **kw)
+    d = sp.diags(1.0 + 50.0 * np.abs(np.sin(np.arange(A.shape[0]))))
+    A2 = (d @ A @ d).tocsr()
+    dB = dA.with_values(DSparseTensor.from_global(A2, comm, partition="contiguous").values)
+    x2, i2 = slasolve.solve(dB, b, "cg", **kw)
+    ref = torch.from_numpy(spla.spsolve(A2.tocsc(), bg.numpy()))[r0:r1]
+    _close(x2, ref, comm, 1e-7)
+    assert not i2.pc_reuse["rebuilt"] and i2.iterations > LAG_GROWTH * i1.iterations, (i1, i2)
+    x3, i3 = slasolve.solve(dB, b, "cg", **kw)
+    _close(x3, ref, comm, 1e-7)
+    fresh = DSparseTensor.from_global(A2, comm, partition="contiguous")
+    _, i_fresh = slasolve.solve(fresh, b, "cg", pc="ilu", backend=backend, rtol=1e-10, return_info=True)
+    assert i3.pc_reuse["rebuilt"] and i3.iterations == i_fresh.iterations < i2.iterations
+
+
+@pytest.mark.parametrize("backend", ["petsc", "torch"])
+def test_warm_start_previous(comm, backend):
+    """x0='previous' starts from the last such solution (a repeated solve takes 0 iterations,
+    forward and adjoint); the answer is SciPy's; a later call without it starts cold."""
+    A = poisson2d(10)
+    dA = DSparseTensor.from_global(A, comm, partition="contiguous")
+    r0, r1 = dA.row_range
+    bg = torch.from_numpy(np.cos(np.arange(A.shape[0]) * 0.21))
+    ref = torch.from_numpy(spla.spsolve(A.tocsc(), bg.numpy()))[r0:r1]
+    kw = dict(pc="jacobi", backend=backend, rtol=1e-10, return_info=True)
+    _, cold = slasolve.solve(dA, bg[r0:r1].clone(), "cg", **kw)
+    infos = []
+    for _ in range(2):
+        b = bg[r0:r1].clone().requires_grad_(True)
+        x, info = slasolve.solve(dA, b, "cg", x0="previous", **kw)
+        slasolve.global_sum(x.sum()).backward()
+        _close(x, ref, comm, 1e-8)
+        infos.append(info)
+    assert infos[0].iterations == cold.iterations > 0          # no previous solution: zeros
+    assert infos[1].iterations == 0 and infos[1].adjoint.iterations == 0
+    # two columns: no previous solution of that shape
+    B = torch.stack([bg[r0:r1], 2 * bg[r0:r1]], 1)
+    X, info = slasolve.solve(dA, B, "cg", x0="previous", **kw)
+    _close(X[:, 1], 2 * ref, comm, 1e-8)
+    assert info.iterations == cold.iterations
+    # and nothing leaks into a call without x0="previous"
+    _, after = slasolve.solve(dA, bg[r0:r1].clone(), "cg", **kw)
+    assert after.iterations == cold.iterations
+
+
+@pytest.mark.timeout(120)
+def test_modes_never_leak_into_later_calls(comm):
+    """After calls in every mode (values changing), a default call equals a fresh KSP's
+    (same iteration count), and a lagged call after a default one starts from a build."""
+    system, nc, off, n = _simp(comm, 24, 10)
+    rhos = _densities(comm, nc, off, n)
+    for i, mode in enumerate(MODES):
+        for rho in rhos[:3]:
+            K, f = system(rho * (1 + 0.1 * i))
+            slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, reuse_pc=mode, x0="previous")
+        K, f = system(rhos[3])
+        x, info = slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, maxiter=600, return_info=True)
+        _, fresh = slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, maxiter=600, return_info=True,
+                                  options_prefix=f"fresh{i}_")
+        assert info.iterations == fresh.iterations and not hasattr(info, "pc_reuse")
+        _close(x, _scipy_ref(K, f, comm), comm, 1e-7)
+    K, f = system(rhos[4])
+    _, info = slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, maxiter=600, return_info=True, reuse_pc="lagged")
+    assert info.pc_reuse["rebuilt"]
+
+
+@pytest.mark.parametrize("backend", ["petsc", "torch"])
+def test_multiple_rhs_lagged(comm, backend):
+    A = poisson2d(9)
+    dA = DSparseTensor.from_global(A, comm, partition="contiguous")
+    r0, r1 = dA.row_range
+    rng = np.random.default_rng(3)
+    Bg = torch.from_numpy(rng.standard_normal((A.shape[0], 3)))
+    for s in (1.0, 1.5, 3.0):
+        dS = dA.with_values(dA.values.detach() * s)
+        X = slasolve.solve(dS, Bg[r0:r1].clone(), "cg", pc="ilu", backend=backend, rtol=1e-10,
+                           reuse_pc="lagged", x0="previous")
+        ref = torch.from_numpy(spla.spsolve((A * s).tocsc(), Bg.numpy()))[r0:r1]
+        _close(X, ref, comm, 1e-7)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradcheck_with_reuse(comm, mode):
+    """gradcheck perturbs the values one by one: reuse and warm starts change nothing
+    beyond the solve tolerance."""
+    if comm.size > 1:
+        pytest.skip("per-rank gradcheck on local inputs needs one rank (gradients vs a no-reuse run "
+                    "are checked at every size above)")
+    A = poisson2d(4)
+    dA = DSparseTensor.from_global(A, comm, partition="contiguous")
+    v = dA.values.detach().clone().requires_grad_()
+    b = torch.from_numpy(np.sin(np.arange(16) * 0.37) + 0.5).requires_grad_()
+
+    def f(v, b):
+        return slasolve.solve(dA.with_values(v), b, "cg", pc="gamg", rtol=1e-13, atol=1e-15, reuse_pc=mode,
+                              x0="previous")
+
+    # a warm-started adjoint differs between two backward passes within the solve tolerance
+    assert torch.autograd.gradcheck(f, (v, b), atol=1e-6, rtol=1e-5, nondet_tol=1e-9)
+
+
+def test_bad_and_disagreeing_settings_raise_everywhere(comm):
+    A = poisson2d(5)
+    dA = DSparseTensor.from_global(A, comm, partition="contiguous")
+    r0, r1 = dA.row_range
+    b = torch.ones(r1 - r0, dtype=torch.float64)
+    for kw in (dict(reuse_pc="sometimes"), dict(reuse_pc=1), dict(x0="prev")):
+        with pytest.raises(ValueError):
+            slasolve.solve(dA, b, "cg", **kw)
+    if comm.size > 1:
+        with pytest.raises(ValueError, match="reuse_pc"):
+            slasolve.solve(dA, b, "cg", reuse_pc="lagged" if comm.rank == 0 else False)
+        with pytest.raises(ValueError, match="x0"):
+            slasolve.solve(dA, b, "cg", x0="previous" if comm.rank == 0 else None)
+    x = slasolve.solve(dA, b, "cg", rtol=1e-10)   # and the communicator is still in step
+    _close(x, torch.from_numpy(spla.spsolve(A.tocsc(), np.ones(25)))[r0:r1], comm, 1e-8)
