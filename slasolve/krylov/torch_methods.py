@@ -41,11 +41,13 @@ least-squares; ``r^T M r == 0`` with a nonzero residual), ``DIVERGED_ITS``.
 * CG: 2 reductions (``p.Ap``; then ``[r.r, r.z]`` fused), 1 host sync. This is
   the classical Hestenes-Stiefel recurrence; the one-reduction
   Chronopoulos-Gear variant is *not* used because its recurrences lose
-  accuracy on ill-conditioned problems and can stall before ``rtol``. On the
-  CPU the scalars are host floats and the vectors rows of two preallocated
-  workspaces: 6 torch calls per iteration with the operator (see :func:`cg`);
-  the per-iteration cost at small local sizes is Python/dispatch overhead, so
-  every call saved counts (``bench/torch_overhead.py``).
+  accuracy on ill-conditioned problems and can stall before ``rtol``. (PETSc's
+  CG with the unpreconditioned norm does 3: ``p.Ap``, ``||r||``, ``r.z``.) On
+  the CPU (float32/float64) the scalars are host floats and the vector work is
+  BLAS level 1 on NumPy views of preallocated tensors (see :func:`cg`): at
+  small local sizes the per-iteration cost is per-call overhead, and a BLAS
+  call through SciPy costs about half a torch operation
+  (``bench/torch_overhead.py``).
 * MINRES: 2 reductions (``v.Av``; then ``[r2.z2, r.r, r.u, u.u]`` fused), 1 host
   sync. The true-residual recurrence ``r_k = r_{k-1} - c_k A w_k`` is carried
   alongside the Paige-Saunders recurrence (no extra matvec) so the test is on
@@ -220,19 +222,21 @@ def _host_reducer(red):
     return lambda t, a: red(t).tolist()
 
 
-def _host_reducer1(red, a):
-    """``hsum1(t) -> float``: sum a 0-d CPU tensor over the ranks (``a``: a 1-element
-    NumPy scratch array of its dtype for the in-place Allreduce)."""
-    inplace = getattr(red, "host_inplace", None)
-    if red is _identity:
-        return lambda t: t.item()
-    if inplace is not None:
-        def hsum1(t: Tensor) -> float:
-            a[0] = t.item()
-            inplace(a)
-            return a.tolist()[0]
-        return hsum1
-    return lambda t: red(t.reshape(1)).tolist()[0]
+def _blas1(b: Tensor):
+    """``(dot, axpy, scal)`` of SciPy's BLAS for ``b``'s dtype on NumPy views of CPU
+    tensors, or None (other dtypes and devices). At the local sizes where a CG
+    iteration costs microseconds these calls cost about half the torch operations
+    doing the same (per-call dispatch), and no more at 10^6 rows."""
+    if b.device.type != "cpu" or b.dtype not in (torch.float32, torch.float64) or b.numel() > 2**31 - 1:
+        return None
+    try:
+        from scipy.linalg import blas
+    except ImportError:  # pragma: no cover - SciPy is a dependency
+        return None
+    if b.numel() == 0:   # BLAS wrappers refuse empty arrays: a rank owning no rows
+        return (lambda u, v: 0.0), (lambda u, v, a=1.0: v), (lambda a, u: u)
+    t = "d" if b.dtype == torch.float64 else "s"
+    return getattr(blas, t + "dot"), getattr(blas, t + "axpy"), getattr(blas, t + "scal")
 
 
 @torch.no_grad()
@@ -248,48 +252,58 @@ def cg(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor] = 
     recurrence with 2 reductions and 1 host synchronisation per iteration.
     Returns ``(x, info)``; see the module docstring for the conventions.
 
-    On the CPU the scalars live on the host (a host "synchronisation" is free
-    there) and the vectors are rows of preallocated matrices, so that an
-    iteration is 6 torch calls with the operator: ``q = A p`` into its row
-    (when ``matvec`` takes ``out``: a ``supports_out`` attribute), ``p.q``,
-    ``[x; r] += [p; q] * [alpha; -alpha]`` in one ``addcmul_``, the Jacobi
-    product into its row (a preconditioner with an ``inv_diag`` attribute),
-    ``[r.r, z.r]`` as one product of the stacked ``[r; z]``, and
-    ``p = z + beta p``. Elsewhere the step length stays on the device.
+    On the CPU (float32/float64) the scalars live on the host (a host
+    "synchronisation" is free there) and the vector work is BLAS level 1 on
+    NumPy views of preallocated tensors: per iteration the product, ``p.q``,
+    two ``axpy``, the Jacobi product (a preconditioner with an ``inv_diag``
+    attribute) into preallocated storage, ``r.r`` and ``r.z`` (one reduction),
+    ``p = z + beta p`` as ``scal`` + ``axpy``. The product is ``apply()`` of an
+    operator bound once to the storage of ``p`` and ``q = A p``
+    (``matvec.bind(pe, q)`` with ``p = pe[:n]``, ``pe`` of ``n +
+    matvec.ghost_slots`` entries: see ``torch_operator``), or ``matvec(p,
+    out=q)`` when it takes ``out`` (a ``supports_out`` attribute). Elsewhere the step length stays on the device.
     """
     run = _Run("cg", b, x0, matvec, reduce_sum, rtol, atol, maxiter, callback, record_history)
-    if b.device.type != "cpu":
+    ops = _blas1(b)
+    if ops is None:
         return _cg_device(run, M)
-    x, info = _cg_host(run, M)
+    x, info = _cg_host(run, M, ops)
     return (x.clone() if x._base is not None else x), info   # x is a row of the workspace
 
 
-def _cg_host(run: "_Run", M) -> tuple[Tensor, SolveInfo]:
+def _cg_host(run: "_Run", M, ops) -> tuple[Tensor, SolveInfo]:
+    dot, axpy, scal = ops
     b, matvec = run.b, run.matvec
-    hsum = _host_reducer(run.reduce)
     n = b.numel()
     W = b.new_empty((2 if M is None else 3, n))   # rows x, r (, z)
     W[0].copy_(run.x)
     W[1].copy_(run.r)
     x, r = W[0], W[1]
     run.x = x
-    XR = W[0:2]
-    d = None
+    xn, rn = x.numpy(), r.numpy()
+    bn = b.contiguous().numpy()
+    red = run.reduce
+    one = red is _identity
+    hsum = _host_reducer(red)
+    v1, v2, v4 = b.new_empty(1), b.new_empty(2), b.new_empty(4)
+    a1, a2, a4 = v1.numpy(), v2.numpy(), v4.numpy()
+    dn = None
     if M is None:
-        z = r
-        v = torch.cat([_dots([(b, b), (r, r)]), run.nloc()])
-        bb, rr, ng = hsum(v, v.numpy())
+        z, zn = r, rn
+        a4[:3] = dot(bn, bn), dot(rn, rn), n
+        bb, rr, ng = hsum(v4[:3], a4[:3])
         rz = rr
     else:
-        RZ, z = W[1:3], W[2]
+        z = W[2]
+        zn = z.numpy()
         inv_diag = getattr(M, "inv_diag", None)
         if inv_diag is not None:
-            d = inv_diag(b.dtype, b.device)
-            torch.mul(r, d, out=z)
+            dn = inv_diag(b.dtype, b.device).contiguous().numpy()
+            np.multiply(rn, dn, out=zn)
         else:
             z.copy_(M(r))
-        v = torch.cat([_dots([(b, b), (r, r), (r, z)]), run.nloc()])
-        bb, rr, rz, ng = hsum(v, v.numpy())
+        a4[:] = dot(bn, bn), dot(rn, rn), dot(rn, zn), n
+        bb, rr, rz, ng = hsum(v4, a4)
     done = run.start(bb, rr, ng)
     if done is not None:
         return run.x, done
@@ -299,49 +313,69 @@ def _cg_host(run: "_Run", M) -> tuple[Tensor, SolveInfo]:
         return x, run.finish("DIVERGED_INDEFINITE_PC", 0)
     if rz == 0:
         return x, run.finish("DIVERGED_BREAKDOWN", 0)
-    PQ = b.new_empty((2, n))                     # rows p, q = A p
-    p, q = PQ[0], PQ[1]
+    q = b.new_empty(n)
+    bind = getattr(matvec, "bind", None)
+    if bind is not None:      # p lives in the operator's extended vector [p | ghosts]
+        pe = b.new_empty(n + int(matvec.ghost_slots))
+        p = pe[:n]
+        apply = bind(pe, q)
+    else:
+        p = b.new_empty(n)
+        if getattr(matvec, "supports_out", False):
+            def apply() -> None:
+                matvec(p, out=q)
+        else:
+            def apply() -> None:
+                q.copy_(matvec(p))
     p.copy_(z)
-    into = bool(getattr(matvec, "supports_out", False))
-    coef = b.new_empty((2, 1))
-    coef_a = coef.numpy()
-    buf = b.new_empty(2)
-    buf_a = buf.numpy()
-    hsum1 = _host_reducer1(run.reduce, b.new_empty(1).numpy())
-    tol, isfinite, mv, dot, add, mul = run.tol, math.isfinite, torch.mv, torch.dot, torch.add, torch.mul
+    pn, qn = p.numpy(), q.numpy()
+    tol, isfinite, mul, sqrt = run.tol, math.isfinite, np.multiply, math.sqrt
+    quiet = run.history is None and run.callback is None
     for k in range(1, run.maxiter + 1):
-        if into:
-            matvec(p, out=q)
+        apply()                                # q = A p
+        if one:
+            pap = dot(pn, qn)
         else:
-            q.copy_(matvec(p))
-        pap = hsum1(dot(p, q))
+            a1[0] = dot(pn, qn)
+            pap = hsum(v1, a1)[0]
         alpha = rz / pap if pap > 0 else 0.0   # 0 on failure (NaN too): x, r untouched
-        coef_a[0, 0] = alpha
-        coef_a[1, 0] = -alpha
-        XR.addcmul_(PQ, coef)                  # x += alpha p, r -= alpha q
+        axpy(pn, xn, a=alpha)                  # x += alpha p
+        axpy(qn, rn, a=-alpha)                 # r -= alpha q
         if M is None:
-            rr = rz_new = hsum1(dot(r, r))
+            if one:
+                rr = dot(rn, rn)
+            else:
+                a1[0] = dot(rn, rn)
+                rr = hsum(v1, a1)[0]
+            rz_new = rr
         else:
-            if d is not None:
-                mul(r, d, out=z)
+            if dn is not None:
+                mul(rn, dn, out=zn)
             else:
                 z.copy_(M(r))
-            mv(RZ, r, out=buf)
-            rr, rz_new = hsum(buf, buf_a)
+            if one:
+                rr, rz_new = dot(rn, rn), dot(rn, zn)
+            else:
+                a2[0], a2[1] = dot(rn, rn), dot(rn, zn)
+                rr, rz_new = hsum(v2, a2)
         if not (isfinite(pap) and isfinite(rr) and isfinite(rz_new)):
             run.step(k, _sqrt(rr) if isfinite(rr) else float("nan"))
             return x, run.finish("DIVERGED_NANORINF", k)
         if pap <= 0:
             return x, run.finish("DIVERGED_INDEFINITE_MAT", k)
-        rnorm = math.sqrt(rr)
-        run.step(k, rnorm)
+        rnorm = sqrt(rr)
+        if quiet:
+            run.rnorm = rnorm
+        else:
+            run.step(k, rnorm)
         if rnorm <= tol:
             return x, run.finish(run.conv_reason(rnorm), k)
         if rz_new < 0:
             return x, run.finish("DIVERGED_INDEFINITE_PC", k)
         if rz_new == 0:
             return x, run.finish("DIVERGED_BREAKDOWN", k)
-        add(z, p, alpha=rz_new / rz, out=p)
+        scal(rz_new / rz, pn)                  # p = z + beta p
+        axpy(zn, pn)
         rz = rz_new
     return x, run.finish("DIVERGED_ITS", run.maxiter)
 
