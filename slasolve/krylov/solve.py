@@ -618,12 +618,12 @@ def _solve_batched(A, b, method, *, x0, return_info, **kw):
                          f"{tuple(b.shape) if isinstance(b, torch.Tensor) else type(b).__name__}")
     flat_vals = A.values.reshape((-1,) + tuple(A.values.shape[nb:]))
     flat_b = b.reshape((-1,) + tuple(b.shape[nb:]))
-    flat_x0 = None if x0 is None else x0.reshape(flat_b.shape)
+    flat_x0 = None if x0 is None or isinstance(x0, str) else x0.reshape(flat_b.shape)
     base = A[(0,) * nb]
     xs, infos = [], []
     for i in range(flat_b.shape[0]):
         x, info = solve(base.with_values(flat_vals[i]), flat_b[i], method, return_info=True,
-                        x0=None if flat_x0 is None else flat_x0[i], **kw)
+                        x0=x0 if isinstance(x0, str) else None if flat_x0 is None else flat_x0[i], **kw)
         xs.append(x)
         infos.append(info)
     x = torch.stack(xs, 0).reshape(b.shape)
