@@ -66,6 +66,8 @@ def jobs(quick: bool):
                   900, False))
     J.append(("scaling_projection", "scaling_projection.py", mpirun(2), q, 600, False))
     J.append(("memory", "memory.py", [], q + ["--ranks", "1", "2"], 600, False))
+    # measured memory per rank, weak scaling at 1-16 ranks oversubscribed (launches its own mpirun jobs)
+    J.append(("scaling_memory", "scaling_projection.py", [], ["--memory"] + q, 900, False))
     return J
 
 
@@ -693,6 +695,35 @@ def report(R, quick, total_s, made):
           "Mat's arrays plus a value snapshot (8 bytes per nonzero: what lets a changed value refill the Mat, "
           "house rule 'no stale Mat'), and x, b. The row layout builds its diagonal/off-diagonal patterns and "
           "the transposed pattern only when a backward or transposed product needs them.\n")
+    # ---- memory per rank, weak scaling
+    d = get(R, "scaling_memory")
+    if d:
+        A("## Memory per rank past 2 ranks, weak scaling (`bench/scaling_projection.py --memory`)\n")
+        A(f"2-D Poisson with ~{d['rows_per_rank']} rows per rank at P = {', '.join(map(str, d['ranks']))} "
+          "(oversubscribed: memory does not depend on timing); `bench/memory.py`'s contenders, workers and "
+          "measurement (each its own mpirun job; max over ranks of peak RSS minus the import floor, MiB). "
+          "`x raw` = the same for raw petsc4py doing the same solve; `growth` = the increment at the last P "
+          "minus the increment at the first P > 1 (PETSc's parallel structures appear from 1 to 2 ranks), to "
+          "compare with `global vec`, what one global-size float64 array would add per rank.\n")
+        ranks = d["ranks"]
+        p0 = min((P for P in ranks if P > 1), default=ranks[0])
+        got = {(r["kind"], r["ranks"]): r for r in d["results"]}
+        A("| contender | " + " | ".join(f"P={P}: MiB (x raw)" for P in ranks) + f" | growth P={p0}->{ranks[-1]} MiB |")
+        A("|---|" + "---|" * (len(ranks) + 1))
+        for kind in dict.fromkeys(r["kind"] for r in d["results"]):
+            cells = []
+            for P in ranks:
+                r = got.get((kind, P))
+                if r is None or "error" in r:
+                    cells.append("failed" if r else "-")
+                else:
+                    cells.append(f"{r['increment_mib']:.0f} ({r['x_raw']:.2f})" if r.get("x_raw") else
+                                 f"{r['increment_mib']:.0f}")
+            a, b = got.get((kind, p0), {}).get("increment_mib"), got.get((kind, ranks[-1]), {}).get("increment_mib")
+            A(f"| {kind} | " + " | ".join(cells) + (f" | {b - a:+.1f} |" if a and b else " | - |"))
+        gv = {r["ranks"]: r["global_vec_mib"] for r in d["results"]}
+        A("| global vec (8 N bytes) | " + " | ".join(f"{gv[P]:.1f}" if P in gv else "-" for P in ranks) + " | |")
+        A("")
     # ---- projection
     d = get(R, "scaling_projection")
     if d:

@@ -32,6 +32,22 @@ What is MODELLED (alpha-beta model, stated values):
   conservative share of an HDR InfiniBand link (200 Gb/s = 25 GB/s per node,
   shared by the ranks of a node sending at once). The measured loopback
   values are also used, as an optimistic all-on-one-node scenario.
+
+MEASURED memory per rank past 2 ranks (``--memory``; run it NOT under mpirun: it
+launches one ``mpirun -n P --oversubscribe`` job per contender and P itself):
+``python bench/scaling_projection.py --memory [--ranks 1 2 4 8 16] [--rows-per-rank 125000]``.
+A weak-scaling series: the 2-D 5-point Poisson matrix on an ``nx x nx`` grid with
+``nx = round(sqrt(rows_per_rank * P))`` (125k rows per rank within 0.3% at P = 1..16),
+the contenders of ``bench/memory.py`` (slasolve petsc CG+GAMG and CG+Jacobi, torch
+CG+Jacobi, raw petsc4py CG+GAMG and CG+Jacobi; Jacobi capped at 300 iterations), each
+in its own job, measured exactly as there: per rank, ``ru_maxrss`` after the solve
+minus ``ru_maxrss`` after the imports (the floor). ``bench/memory.py``'s own worker and
+launcher run every job (``memory.launch``); this mode only picks the sizes and
+summarises. Memory does not depend on timing, so oversubscribing 16 ranks on 2 cores
+measures it faithfully. What it shows: the increment per rank stays flat in P (a
+global-size array would add ``8 N`` bytes per rank at P ranks: at 16 ranks and 125k
+rows per rank one float64 global vector is 15 MiB, listed as ``global_vec_mib``) and
+its ratio to raw PETSc doing the same solve.
 """
 from __future__ import annotations
 
@@ -41,11 +57,14 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import COMM, RANK, SIZE, base_parser, poisson3d_rows, quiet_barrier, rprint, stats, write_json  # noqa: E402
+#: ``--memory`` launches its own mpirun jobs: MPI must stay uninitialised in this process
+MEMORY_MODE = __name__ == "__main__" and "--memory" in sys.argv[1:]
+if not MEMORY_MODE:
+    from common import COMM, RANK, SIZE, base_parser, poisson3d_rows, quiet_barrier, rprint, stats, write_json  # noqa: E402
+    from mpi4py import MPI  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from mpi4py import MPI  # noqa: E402
 
 ASSUMED = {"alpha_s": 2.0e-6, "beta_Bps": 10.0e9,
            "why": "typical MPI latency over InfiniBand (1-2 us); ~10 GB/s per rank = a share of an "
@@ -147,6 +166,67 @@ def model(q, compute_s: float, compute_nnz: int, nnz_per_row: float, alpha: floa
     return {"compute_s": t_comp, "halo_s": t_halo, "reductions_s": t_red, "total_s": t_comp + t_halo + t_red}
 
 
+def memory_series(ranks, rows_per_rank: int = 125_000, timeout: int = 300) -> dict:
+    """Local (starts one mpirun job per contender and rank count; no MPI in this process).
+    Peak memory per rank above the import floor for ``bench/memory.py``'s contenders on
+    a 2-D Poisson problem of about ``rows_per_rank`` rows per rank, at each P in ``ranks``."""
+    import memory as mem
+    # oversubscribed ranks wait in MPI: let them yield the core instead of spinning
+    os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
+    os.environ.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    rows, table = [], {}
+    print(f"# memory per rank, weak scaling: 2-D Poisson, ~{rows_per_rank} rows per rank, CG; "
+          "peak RSS minus the import floor (MiB), max over ranks; each contender its own mpirun job", flush=True)
+    print(f"{'contender':<18} {'P':>3} {'N':>9} {'rows/rank':>9} {'floor':>7} {'peak-floor':>10} "
+          f"{'min..max over ranks':>19} {'x raw':>6} {'x P=1':>6} {'its':>4} {'s':>5}", flush=True)
+    for P in ranks:
+        nx = int(round(math.sqrt(rows_per_rank * P)))
+        N = nx * nx
+        for kind in mem.WORKERS:
+            t0 = time.perf_counter()
+            r = mem.launch(kind, nx, P, timeout=timeout)
+            r["seconds"] = time.perf_counter() - t0
+            r.update(kind=kind, ranks=P, nx=nx, N=N, rows_per_rank=N / P, global_vec_mib=8.0 * N / 2 ** 20)
+            rows.append(r)
+            if "error" in r:
+                print(f"{kind:<18} {P:>3} {N:>9}  FAILED: {r['error'][-300:]}", flush=True)
+                continue
+            inc = [x["peak_mib"] - x["floor_mib"] for x in r["per_rank"]]
+            r.update(floor_mib=max(x["floor_mib"] for x in r["per_rank"]), increment_mib=max(inc),
+                     increment_min_mib=min(inc), iterations=r["per_rank"][0]["iterations"])
+            table[(kind, P)] = r["increment_mib"]
+            raw = table.get(("raw_petsc" + kind[kind.rindex("_"):], P))
+            first = table.get((kind, ranks[0]))
+            r["x_raw"] = r["increment_mib"] / raw if raw else None
+            r["x_first"] = r["increment_mib"] / first if first else None
+            print(f"{kind:<18} {P:>3} {N:>9} {N / P:>9.0f} {r['floor_mib']:>7.1f} {r['increment_mib']:>10.1f} "
+                  f"{min(inc):>9.1f}..{max(inc):<9.1f} {r['x_raw'] or float('nan'):>6.2f} "
+                  f"{r['x_first'] or float('nan'):>6.2f} {r['iterations']:>4} {r['seconds']:>5.0f}", flush=True)
+    return {"bench": "scaling_memory", "rows_per_rank": rows_per_rank, "ranks": list(ranks), "results": rows,
+            "note": "bench/memory.py's workers and launcher; 2-D Poisson nx = round(sqrt(rows_per_rank * P)); "
+                    "max over ranks of ru_maxrss after the solve minus after the imports (MiB); "
+                    "oversubscribed mpirun on this machine's cores"}
+
+
+def memory_main() -> None:
+    import argparse
+    import json
+    ap = argparse.ArgumentParser(description="measured memory per rank, weak scaling (not under mpirun)")
+    ap.add_argument("--memory", action="store_true")
+    ap.add_argument("--ranks", type=int, nargs="*", default=None)
+    ap.add_argument("--rows-per-rank", type=int, default=None)
+    ap.add_argument("--quick", action="store_true", help="20k rows per rank at 1, 2, 4 ranks")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per mpirun job")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    ranks = a.ranks or ([1, 2, 4] if a.quick else [1, 2, 4, 8, 16])
+    out = memory_series(ranks, a.rows_per_rank or (20_000 if a.quick else 125_000), a.timeout)
+    if a.json:
+        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
 def main():
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=None, help="3-D grid edge (N = n^3 unknowns)")
@@ -227,4 +307,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    memory_main() if MEMORY_MODE else main()
