@@ -7,6 +7,7 @@ solver (and preconditioner), then ``dL/db = lam`` and
 """
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from numbers import Integral, Real
 from typing import Callable, Optional, Tuple, Union
@@ -17,6 +18,7 @@ from .. import _log
 from .._comm import check_collective
 from ..autograd import matvec_value_grad
 from .info import ConvergenceError, SolveInfo
+from .torch_methods import default_maxiter
 from ..sparse import SparseTensor
 from .operator import as_row_shard
 
@@ -40,10 +42,12 @@ SOLVER_CACHE_SIZE = 8
 
 #: ``reuse_pc`` modes besides ``False`` / ``True``
 REUSE_MODES = ("lagged", "interpolation")
-#: ``reuse_pc="lagged"`` / ``"interpolation"``: the next solve with new values builds the
-#: preconditioner from scratch once a solve needed more than ``LAG_GROWTH`` times the
-#: iterations of the solve right after the last full build
-LAG_GROWTH = 1.5
+#: ``reuse_pc="lagged"`` / ``"interpolation"``: once a solve that reused the preconditioner
+#: needed more than ``LAG_GROWTH`` times the iterations of the solve right after the last full
+#: build, the next solve builds it afresh; a solve that reuses it is stopped after ``LAG_CAP``
+#: times those iterations and redone with the preconditioner built for its values
+LAG_GROWTH = 1.2
+LAG_CAP = 2.0
 
 
 def _pc_key(pc):
@@ -145,41 +149,44 @@ def _columns(solve_one, b, x0, solve_many=None):
     return torch.stack(xs, 1), _merge(infos)
 
 
-def _with_reuse(solver, run, mode, forward: bool, fallback=None):
-    """Collective. ``run(reuse[, other solver]) -> (x, info)`` under the ``reuse_pc`` mode ``mode``.
+def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None):
+    """Collective. ``run(reuse, other_solver=None, maxiter=None) -> (x, info)`` under the
+    ``reuse_pc`` mode ``mode``; ``reuse`` is PETSc's ``KSPSetReusePreconditioner`` flag for
+    the call, ``maxiter`` (if given) replaces the call's, whose value is ``limit``.
 
-    ``reuse`` is PETSc's ``KSPSetReusePreconditioner`` flag for this call. Whatever the
-    mode, a reusing solve that does not converge is solved again, from the same initial
-    guess, with the preconditioner built from scratch for the current values: reuse only
-    ever changes iteration counts and set-up times. ``"lagged"`` keeps the preconditioner
-    until a forward solve needs more than ``LAG_GROWTH`` times the iterations of the
-    forward solve right after the last full build; ``"interpolation"`` (a GAMG KSP that
-    keeps its prolongators, see ``PetscKrylov``) uses the same rule for its full rebuilds.
-    If that fails too and ``fallback()`` gives the default-mode solver (interpolation mode,
-    whose KSP is configured differently), the default solver solves it.
-    The adjoint (``forward=False``) keeps whatever the forward left (the values are
-    unchanged in between, so nothing is set up again) and never moves the rule's baseline.
-    Every decision is taken from global quantities (iteration counts, convergence), the
-    same on every rank.
+    Whatever the mode, a reusing solve that does not converge is solved again, from the
+    same initial guess, with the preconditioner built from scratch for the current values
+    (and if that fails too and ``fallback()`` gives one, by the default-mode solver: the
+    interpolation mode's KSP is configured differently). So reuse changes iteration counts
+    and set-up times, never the answer, nor whether the call raises.
+
+    ``"lagged"`` and ``"interpolation"`` remember ``base``, the iterations of the forward
+    solve right after the last full build. A forward solve that reuses and needs more than
+    ``LAG_GROWTH * base`` iterations makes the next forward solve build afresh; it is capped
+    at ``ceil(LAG_CAP * base)`` iterations (within ``limit``): a preconditioner that cannot
+    do that well is rebuilt at once and the solve redone, so a stale one costs at most that
+    many iterations. ``"lagged"`` keeps the whole preconditioner (the reuse flag);
+    ``"interpolation"`` passes no flag (its GAMG recomputes all but the prolongators) and
+    builds from scratch with ``reset_pc``. ``True`` keeps it without a cap (PETSc's
+    semantics). The adjoint (``forward=False``) runs, uncapped, with whatever the forward
+    left (same values: nothing is set up). Decisions use global quantities only (iteration
+    counts, convergence), the same on every rank.
     """
     if mode is False:  # a default call forgets the rule's state (it rebuilds for new values)
         solver.__dict__.pop("_reuse_state", None)
         return run(False)
     state = solver.__dict__.setdefault("_reuse_state", {})
     reset = getattr(solver, "reset_pc", None)
-    built = False
-    if mode == "interpolation":
-        if forward and "base" not in state and state.get("used"):
-            if reset is not None:
-                reset()          # prolongators from scratch for these values
+    base = state.get("base")
+    built, cap = False, None
+    if forward and mode in REUSE_MODES:
+        if base is None:
+            if mode == "interpolation" and state.get("used") and reset is not None:
+                reset()  # prolongators from scratch for these values
             built = True
-        elif forward and not state.get("used"):
-            built = True
-        x, info = run(False)
-    else:
-        keep = True if mode is True or not forward else "base" in state
-        built = forward and not keep
-        x, info = run(keep)
+        else:
+            cap = min(limit, math.ceil(LAG_CAP * max(base, 1)))
+    x, info = run(mode is True or (mode == "lagged" and not built), None, cap)
     state["used"] = True
     retried, discarded = False, 0
     if not info.converged:
@@ -189,19 +196,19 @@ def _with_reuse(solver, run, mode, forward: bool, fallback=None):
         if not info2.converged and fallback is not None:
             x2, info2 = run(False, fallback())
         x, info, built, retried, discarded = x2, info2, True, True, info.iterations
-        if not forward:
-            state.pop("base", None)   # built in the backward: the next forward starts over
-    if forward or retried:
-        if built and forward:
-            state["base"] = info.iterations
-        elif "base" in state and info.iterations > LAG_GROWTH * max(state["base"], 1):
-            del state["base"]         # the next forward solve builds from scratch
+    if built and forward and mode in REUSE_MODES:
+        state["base"] = info.iterations
+    elif forward and mode in REUSE_MODES and base is not None and \
+            info.iterations > LAG_GROWTH * max(base, 1):
+        state.pop("base", None)  # slower than LAG_GROWTH x base: the next forward builds afresh
+    elif built:
+        state.pop("base", None)  # built in the backward (or under True): the next forward starts over
     info.pc_reuse = {"mode": mode, "rebuilt": built, "retried": retried, "discarded_iterations": discarded}
     return x, info
 
 
 # solve options that are not keyword arguments of the backends' solve methods
-_NOT_SOLVER_KW = ("raise_on_fail", "pc_fn", "reuse_pc", "warm", "fallback")
+_NOT_SOLVER_KW = ("raise_on_fail", "pc_fn", "reuse_pc", "warm", "fallback", "limit")
 
 
 class _AdjointSolve(torch.autograd.Function):
@@ -211,11 +218,13 @@ class _AdjointSolve(torch.autograd.Function):
         if opts["warm"]:
             x0 = _previous(solver, "x", b)
 
-        def run(reuse, s=solver):
+        def run(reuse, s=None, maxiter=None):
+            s = solver if s is None else s
+            k = kw if maxiter is None else dict(kw, maxiter=maxiter)
             many = getattr(s, "solve_many", None)
-            return _columns(lambda bj, x0j: s.solve(dA, bj, x0j, reuse_pc=reuse, **kw), b, x0,
-                            None if many is None else lambda B, X0: many(dA, B, X0, reuse_pc=reuse, **kw))
-        x, info = _with_reuse(solver, run, opts["reuse_pc"], True, opts.get("fallback"))
+            return _columns(lambda bj, x0j: s.solve(dA, bj, x0j, reuse_pc=reuse, **k), b, x0,
+                            None if many is None else lambda B, X0: many(dA, B, X0, reuse_pc=reuse, **k))
+        x, info = _with_reuse(solver, run, opts["reuse_pc"], True, opts["limit"], opts.get("fallback"))
         if opts["warm"]:
             _remember(solver, "x", x)
         out["info"] = info
@@ -243,13 +252,16 @@ class _AdjointSolve(torch.autograd.Function):
             g = g.contiguous()
             l0 = _previous(solver, "lam", g) if warm else None
 
-            def run(reuse, s=solver):
+            def run(reuse, s=None, maxiter=None):
+                s = solver if s is None else s
+                k = kw if maxiter is None else dict(kw, maxiter=maxiter)
                 many = getattr(s, "solve_transpose_many", None)
                 return _columns(lambda gj, l0j: s.solve_transpose(ctx.dA, gj.contiguous(), x0=l0j,
-                                                                  reuse_pc=reuse, **kw), g, l0,
+                                                                  reuse_pc=reuse, **k), g, l0,
                                 None if many is None else lambda G, L0: many(ctx.dA, G, x0=L0, reuse_pc=reuse,
-                                                                              **kw))
-            lam, info = _with_reuse(solver, run, ctx.opts["reuse_pc"], False, ctx.opts.get("fallback"))
+                                                                              **k))
+            lam, info = _with_reuse(solver, run, ctx.opts["reuse_pc"], False, ctx.opts["limit"],
+                                    ctx.opts.get("fallback"))
             if warm:
                 _remember(solver, "lam", lam)
         info.times = times
@@ -494,13 +506,15 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         * ``False`` (default): rebuilt whenever the values change (GAMG included:
           prolongators and smoother eigenvalue estimates too).
         * ``True``: kept (PETSc's ``KSPSetReusePreconditioner``) until a call without it.
-        * ``"lagged"``: kept while the solves need at most ``LAG_GROWTH`` (1.5) times the
-          iterations of the solve right after the last build; the next solve after one
-          that needed more builds it for its values.
+        * ``"lagged"``: kept while the solves need at most ``LAG_GROWTH`` (1.2) times the
+          iterations of the solve right after the last build (the solve after one that
+          needed more builds it for its values); a solve that has not converged after
+          ``LAG_CAP`` (2) times those iterations is stopped there and redone with the
+          preconditioner rebuilt (a stale preconditioner costs at most that many).
         * ``"interpolation"`` (petsc backend, ``pc="gamg"``): GAMG keeps its prolongators
           (``-pc_gamg_reuse_interpolation``) and recomputes the coarse operators and the
-          Chebyshev smoothers' eigenvalue estimates for the new values; prolongators are
-          rebuilt under the same ``LAG_GROWTH`` rule. A KSP of its own, never shared with
+          Chebyshev smoothers' eigenvalue estimates for the new values; the prolongators are
+          rebuilt under the same ``LAG_GROWTH`` / ``LAG_CAP`` rules. A KSP of its own, never shared with
           calls in another mode. With other preconditioners, and on the torch backend,
           it is ``False``.
 
@@ -591,6 +605,9 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         opts = dict(rtol=float(rtol), atol=float(atol), maxiter=None if maxiter is None else int(maxiter),
                     callback=callback, record_history=record_history, raise_on_fail=raise_on_fail,
                     pc_fn=pc if callable(pc) else None, reuse_pc=reuse_pc, warm=isinstance(x0, str))
+        # the iteration limit of this call (maxiter=None: the backends' default)
+        opts["limit"] = default_maxiter(dA.global_shape[0] * (dA.local.block_shape[0] if dA.local.is_block else 1)) \
+            if maxiter is None else int(maxiter)
         if isinstance(x0, str):
             x0 = None  # the previous solution, looked up in _AdjointSolve
         if reuse_pc == "interpolation" and backend == "petsc":  # last resort: the default-mode KSP
