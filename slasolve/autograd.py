@@ -19,11 +19,11 @@ def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     ``g``: owned rows ``(n_local[, k])``; ``x``: owned columns, same trailing shape
     (several right-hand sides are summed).
 
-    One pass over the stored entries in their own order: ``g`` repeated per row
-    (``repeat_interleave`` over the row counts) times ``[x_owned; x_ghost]`` gathered at
-    each entry's local column (owned columns first, then the halo's ghosts). The local
-    column ids are made on the first call and kept on the layout (one int32/int64 per
-    stored block, the pattern's own size; the pattern never changes).
+    One pass over the stored entries in their own order: ``g`` at each entry's row times
+    ``[x_owned; x_ghost]`` at each entry's local column (owned columns first, then the
+    halo's ghosts). The local column ids (and, for scalar tensors, the row ids) are made on
+    the first call and kept on the layout as int32 where they fit (4 bytes per stored entry
+    each; the pattern never changes). Block rows use ``repeat_interleave`` over the row counts.
     """
     L = dA._need_row_shard("matvec_value_grad")
     values = dA.values
@@ -35,23 +35,37 @@ def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     K = 1
     for t in trailing:
         K *= int(t)
-    xb = x.reshape(n_cols, bc, K)
+    # 1-D / 2-D operands: torch's gathers and repeats over 3-D views are several times slower
+    xb = x.reshape(n_cols, bc * K)
     xg = L.halo.forward_raw(xb.contiguous())
-    xfull = torch.cat([xb, xg.reshape(-1, bc, K)]) if xg.numel() else xb
+    xfull = torch.cat([xb, xg.reshape(-1, bc * K)]) if xg.numel() else xb
     ip = L._pattern.indptr
     nnz = int(values.shape[0])
-    G = torch.repeat_interleave(g.reshape(n_rows, br, K), ip[1:] - ip[:-1], dim=0, output_size=nnz)
-    X = xfull.index_select(0, _local_cols(L))                 # (nnz, bc, K)
-    if K == 1 and br == 1:
-        gv = G.reshape(nnz, 1, 1) * X.reshape(nnz, 1, bc)
-    elif K == 1:  # one product per block row: a broadcast over tiny trailing dims is 3x slower
+    counts = ip[1:] - ip[:-1]
+    lc = _local_cols(L)
+    if br == 1 and bc == 1 and K == 1:  # 1-D gathers: the fastest torch has (cached row ids)
+        gv = g.reshape(-1).index_select(0, _rows(L, counts)) * xfull.reshape(-1).index_select(0, lc)
+        return gv.reshape(values.shape).to(values.dtype)
+    G = torch.repeat_interleave(g.reshape(n_rows, br * K), counts, dim=0, output_size=nnz)
+    X = xfull.index_select(0, lc)                             # (nnz, bc * K)
+    if K == 1:  # one product per block row: a broadcast over tiny trailing dims is 3x slower
         gv = G.new_empty((nnz, br, bc))
-        G, X = G.reshape(nnz, br), X.reshape(nnz, bc)
         for i in range(br):
             torch.mul(G[:, i:i + 1], X, out=gv[:, i, :])
     else:
         gv = (G.reshape(nnz, br, 1, K) * X.reshape(nnz, 1, bc, K)).sum(-1)
     return gv.reshape(values.shape).to(values.dtype)
+
+
+def _rows(L, counts: torch.Tensor) -> torch.Tensor:
+    """Local. Each stored entry's local row (int32 where it fits; cached on the layout)."""
+    rows = L.__dict__.get("value_grad_rows")
+    if rows is None:
+        n = int(counts.numel())
+        dt = torch.int32 if n < 2 ** 31 else torch.int64
+        rows = torch.repeat_interleave(torch.arange(n, dtype=dt, device=counts.device), counts)
+        L.__dict__["value_grad_rows"] = rows
+    return rows
 
 
 def _local_cols(L) -> torch.Tensor:

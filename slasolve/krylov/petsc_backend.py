@@ -369,10 +369,26 @@ class PetscKrylov:
         the factorisations need a nonzero diagonal; PETSc fails on the ranks that hold a zero
         one inside its collective set-up, so that is checked first, on every rank."""
         err = None
+        # the diagonal check scans dA's values: skip it while the operator Mat is the one the
+        # last check passed on, unchanged since (its PETSc state; the Mat is held, so its
+        # handle is not reused) -- dA's values were written into it, so they are the same
+        checked = self.__dict__.setdefault("_diag_checked", {})
+        key = "main" if ksp is self.ksp else "T"
+        op = ksp.getOperators()[0]
+        stamp = (op.handle, op.stateGet(), ksp.getPC().getType())
         try:
-            _check_diagonal(dA, ksp.getPC().getType())
+            if checked.get(key, (None, None))[1] != stamp:
+                checked.pop(key, None)
+                _check_diagonal(dA, ksp.getPC().getType())
+        except ValueError as e:
+            err = e
+        # combined BEFORE the collective set-up: a rank with a zero diagonal must not leave the
+        # others inside PETSc's set-up (GAMG after a value change hung here at 2+ ranks)
+        check_collective(self.comm, err)
+        try:
             ksp.setUp()
             ksp.setUpOnBlocks()
+            checked[key] = (op, stamp)
         except ValueError as e:
             err = e
         except PETSc.Error as e:
