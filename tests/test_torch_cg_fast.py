@@ -196,3 +196,25 @@ def test_torch_cg_adjoint_gradcheck(name):
         return replicate(x, COMM)
 
     assert torch.autograd.gradcheck(f, (vg, bg), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_large_local_size_branch_agrees(monkeypatch, dtype):
+    """Above ``_SMALL_N`` local rows the p update is one torch pass instead of scal + axpy:
+    forced on a small problem, both give SciPy's answer and the same iteration count."""
+    S, dA = _layout("empty_first")
+    dA = dA.to(dtype)
+    bg = S @ np.sin(np.arange(S.shape[0]) + 1.0)
+    b = dA.scatter(torch.from_numpy(bg).to(dtype), root=None)
+    rtol = 1e-10 if dtype == torch.float64 else 1e-5
+    runs = []
+    for small in (torch_methods._SMALL_N, 0):
+        monkeypatch.setattr(torch_methods, "_SMALL_N", small)
+        x, info = solve(dA, b, "cg", backend="torch", pc="jacobi", rtol=rtol, return_info=True)
+        runs.append((dA.gather(x, root=None).to(torch.float64).numpy(), info.iterations, info.converged))
+    ref = spla.spsolve(S.tocsc(), bg)
+    tol = 1e-7 if dtype == torch.float64 else 1e-2
+    ok = all(c and np.linalg.norm(g - ref) <= tol * np.linalg.norm(ref) for g, _, c in runs)
+    ok &= abs(runs[0][1] - runs[1][1]) <= (0 if dtype == torch.float64 else 2)
+    assert _all(ok), [r[1] for r in runs]

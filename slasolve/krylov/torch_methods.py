@@ -222,6 +222,9 @@ def _host_reducer(red):
     return lambda t, a: red(t).tolist()
 
 
+_SMALL_N = 1 << 15   # CG's p update: below, scal + axpy (call cost); above, one torch pass
+
+
 def _blas1(b: Tensor):
     """``(dot, axpy, scal)`` of SciPy's BLAS for ``b``'s dtype on NumPy views of CPU
     tensors, or None (other dtypes and devices). At the local sizes where a CG
@@ -257,7 +260,8 @@ def cg(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor] = 
     NumPy views of preallocated tensors: per iteration the product, ``p.q``,
     two ``axpy``, the Jacobi product (a preconditioner with an ``inv_diag``
     attribute) into preallocated storage, ``r.r`` and ``r.z`` (one reduction),
-    ``p = z + beta p`` as ``scal`` + ``axpy``. The product is ``apply()`` of an
+    ``p = z + beta p`` (``scal`` + ``axpy`` below 32768 local rows, else one torch
+    pass: at sizes where memory traffic dominates, one pass over ``p`` beats two). The product is ``apply()`` of an
     operator bound once to the storage of ``p`` and ``q = A p``
     (``matvec.bind(pe, q)`` with ``p = pe[:n]``, ``pe`` of ``n +
     matvec.ghost_slots`` entries: see ``torch_operator``), or ``matvec(p,
@@ -329,6 +333,15 @@ def _cg_host(run: "_Run", M, ops) -> tuple[Tensor, SolveInfo]:
                 q.copy_(matvec(p))
     p.copy_(z)
     pn, qn = p.numpy(), q.numpy()
+    if n < _SMALL_N:      # per-call cost dominates: two BLAS calls beat one torch call
+        def update_p(beta: float) -> None:   # p = z + beta p
+            scal(beta, pn)
+            axpy(zn, pn)
+    else:                 # memory traffic dominates: one pass over p
+        add = torch.add
+
+        def update_p(beta: float) -> None:
+            add(z, p, alpha=beta, out=p)
     tol, isfinite, mul, sqrt = run.tol, math.isfinite, np.multiply, math.sqrt
     quiet = run.history is None and run.callback is None
     for k in range(1, run.maxiter + 1):
@@ -374,8 +387,7 @@ def _cg_host(run: "_Run", M, ops) -> tuple[Tensor, SolveInfo]:
             return x, run.finish("DIVERGED_INDEFINITE_PC", k)
         if rz_new == 0:
             return x, run.finish("DIVERGED_BREAKDOWN", k)
-        scal(rz_new / rz, pn)                  # p = z + beta p
-        axpy(zn, pn)
+        update_p(rz_new / rz)
         rz = rz_new
     return x, run.finish("DIVERGED_ITS", run.maxiter)
 

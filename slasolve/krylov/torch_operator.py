@@ -176,7 +176,8 @@ class _Operator:
         self._np = None
         if A is not None:
             ip, ix, v = A.crow_indices().numpy(), A.col_indices().numpy(), A.values().numpy()
-            fn = _scipy_csr_matvec(ix.dtype, v.dtype) if ip.dtype == ix.dtype else None
+            dense = ip.flags.c_contiguous and ix.flags.c_contiguous and v.flags.c_contiguous
+            fn = _scipy_csr_matvec(ix.dtype, v.dtype) if ip.dtype == ix.dtype and dense else None
             if fn is not None:
                 self._np = (fn, m, int(A.shape[1]), ip, ix, v)
         self._own = None        # (xe, exchange) for plain calls
