@@ -70,9 +70,14 @@ def run_once(topo, prob, opts, iters):
     cpu = COMM.allreduce(sum(prob.solve_cpu_times), op=MPI.MAX)
     infos = prob.infos[n0:]
     builds = sum(1 for i in infos if getattr(i, "pc_reuse", {"rebuilt": True})["rebuilt"])
+    # seconds per OC iteration in the solve's phases (SolveInfo.times; slowest rank per phase)
+    keys = ("setup", "solve", "adjoint", "refill", "verify")
+    ph = np.array([sum(i.times.get(k, 0.0) for i in infos) / iters for k in keys])
+    COMM.Allreduce(MPI.IN_PLACE, ph, op=MPI.MAX)
     return {"history": history, "wall": wall / iters, "solve": solve / iters, "cpu": cpu / iters,
             "iterations": [i.iterations for i in infos], "adjoint_iterations": [i.adjoint.iterations for i in infos],
-            "builds": builds, "retries": sum(1 for i in infos if getattr(i, "pc_reuse", {}).get("retried"))}
+            "builds": builds, "retries": sum(1 for i in infos if getattr(i, "pc_reuse", {}).get("retried")),
+            "phases": dict(zip(keys, ph.tolist()))}
 
 
 def main():
@@ -126,7 +131,8 @@ def main():
                      "solve_samples": [r["solve"] for r in rs], "wall_samples": [r["wall"] for r in rs],
                      "iterations": rs[-1]["iterations"], "adjoint_iterations": rs[-1]["adjoint_iterations"],
                      "builds": rs[-1]["builds"], "retries": rs[-1]["retries"],
-                     "history": rs[-1]["history"], "max_rel_diff_vs_naive": diff}
+                     "history": rs[-1]["history"], "max_rel_diff_vs_naive": diff,
+                     "phases": {k: stats([r["phases"][k] for r in rs])["median"] for k in rs[-1]["phases"]}}
     if "naive" in out:
         for name in args.contenders:
             pr = [a / b for a, b in zip(out[name]["solve_samples"], out["naive"]["solve_samples"])]
@@ -147,6 +153,10 @@ def main():
         rprint(f"{name:20s} {fmt_t(v['solve']['median']):>14s} {fmt_t(v['wall']['median']):>10s} {spd:>16s} "
                f"{fmt_t(v['cpu']['median']):>10s} {cpd:>16s} "
                f"{sum(v['iterations']):10d} {v['builds']:9d} {'-' if d is None else '%.1e' % d:>12s}")
+    rprint("\nper OC iteration, slowest rank (SolveInfo.times): PC set-up (forward, retries included), "
+           "forward solve, adjoint (solve incl. any set-up), refill, true-residual check")
+    for name, v in out.items():
+        rprint(f"  {name:20s} " + "  ".join(f"{k} {fmt_t(t)}" for k, t in v["phases"].items()))
     if ref is not None:
         rprint("\ncompliance history (naive | " + " | ".join(n for n in args.contenders if n != "naive") + "):")
         for i, c in enumerate(ref):

@@ -46,8 +46,11 @@ REUSE_MODES = ("lagged", "interpolation")
 #: needed more than ``LAG_GROWTH`` times the iterations of the solve right after the last full
 #: build, the next solve builds it afresh; a solve that reuses it is stopped after ``LAG_CAP``
 #: times those iterations and redone with the preconditioner built for its values
+#: after a solve that reused it had to be redone, the next 1, 3, 7, ... (at most
+#: ``LAG_BACKOFF_MAX``) forward solves build the preconditioner without trying the kept one
 LAG_GROWTH = 1.2
 LAG_CAP = 2.0
+LAG_BACKOFF_MAX = 15
 
 
 def _pc_key(pc):
@@ -165,7 +168,9 @@ def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None):
     ``LAG_GROWTH * base`` iterations makes the next forward solve build afresh; it is capped
     at ``ceil(LAG_CAP * base)`` iterations (within ``limit``): a preconditioner that cannot
     do that well is rebuilt at once and the solve redone, so a stale one costs at most that
-    many iterations. ``"lagged"`` keeps the whole preconditioner (the reuse flag);
+    many iterations; after such a redo the next 1, 3, 7, ... (consecutive failures; at most
+    ``LAG_BACKOFF_MAX``) forward solves build without trying the kept one, so a loop whose
+    values jump at every step does not pay the cap at every step. ``"lagged"`` keeps the whole preconditioner (the reuse flag);
     ``"interpolation"`` passes no flag (its GAMG recomputes all but the prolongators) and
     builds from scratch with ``reset_pc``. ``True`` keeps it without a cap (PETSc's
     semantics). The adjoint (``forward=False``) runs, uncapped, with whatever the forward
@@ -180,7 +185,8 @@ def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None):
     base = state.get("base")
     built, cap = False, None
     if forward and mode in REUSE_MODES:
-        if base is None:
+        if base is None or state.get("skip", 0) > 0:
+            state["skip"] = max(state.get("skip", 0) - 1, 0)
             if mode == "interpolation" and state.get("used") and reset is not None:
                 reset()  # prolongators from scratch for these values
             built = True
@@ -196,6 +202,9 @@ def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None):
         if not info2.converged and fallback is not None:
             x2, info2 = run(False, fallback())
         x, info, built, retried, discarded = x2, info2, True, True, info.iterations
+    if cap is not None:  # back off after a kept preconditioner failed: the next 1, 3, 7, ... build
+        state["fails"] = state.get("fails", 0) + 1 if retried else 0
+        state["skip"] = min(2 ** state["fails"] - 1, LAG_BACKOFF_MAX)
     if built and forward and mode in REUSE_MODES:
         state["base"] = info.iterations
     elif forward and mode in REUSE_MODES and base is not None and \
@@ -510,7 +519,9 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
           iterations of the solve right after the last build (the solve after one that
           needed more builds it for its values); a solve that has not converged after
           ``LAG_CAP`` (2) times those iterations is stopped there and redone with the
-          preconditioner rebuilt (a stale preconditioner costs at most that many).
+          preconditioner rebuilt (a stale preconditioner costs at most that many), and
+          the next 1, 3, 7, ... (consecutive failures; at most ``LAG_BACKOFF_MAX``, 15)
+          solves build without trying the kept one.
         * ``"interpolation"`` (petsc backend, ``pc="gamg"``): GAMG keeps its prolongators
           (``-pc_gamg_reuse_interpolation``) and recomputes the coarse operators and the
           Chebyshev smoothers' eigenvalue estimates for the new values; the prolongators are
