@@ -524,10 +524,11 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
           solves build without trying the kept one.
         * ``"interpolation"`` (petsc backend, ``pc="gamg"``): GAMG keeps its prolongators
           (``-pc_gamg_reuse_interpolation``) and recomputes the coarse operators and the
-          Chebyshev smoothers' eigenvalue estimates for the new values; the prolongators are
-          rebuilt under the same ``LAG_GROWTH`` / ``LAG_CAP`` rules. A KSP of its own, never shared with
-          calls in another mode. With other preconditioners, and on the torch backend,
-          it is ``False``.
+          Chebyshev smoothers' eigenvalue estimates for the new values; the prolongators
+          are rebuilt under the same ``LAG_GROWTH`` / ``LAG_CAP`` / back-off rules. A KSP
+          of its own, never shared with calls in another mode. With other preconditioners
+          the preconditioner is rebuilt for new values (as ``False``); on the torch
+          backend it is ``False``.
 
         The adjoint solve of the backward always reuses the forward's set-up (same values:
         nothing is set up again, in every mode; hypre with GMRES/BiCGStab needs ``A^T``
