@@ -94,8 +94,10 @@ def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None):
     with the block size set, which every PETSc preconditioner accepts, GAMG included)
     or ``"baij"`` (default for block tensors). One Mat per type is cached.
 
-    Whether to refill is decided by comparing the values with a private copy of the
-    values last written (``torch.equal``, an O(nnz) read), not by a tensor stamp
+    Whether to refill is decided by comparing the values with those the Mat holds (an
+    O(nnz) read of the Mat's own arrays for scalar CPU tensors in an AIJ Mat, see
+    :mod:`slasolve._petsc_values`; otherwise with a private copy of the values last
+    written, ``torch.equal``), not by a tensor stamp
     (id / ``_version`` / data pointer): writes through ``.data``, NumPy views or
     ``torch.no_grad`` in-place ops do not all bump ``_version``, and a Mat that
     silently kept old values would give wrong solves and wrong gradients. Only a
@@ -110,13 +112,18 @@ def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None):
     entry = mats.get(mat_type)
     if entry is None:
         with _log.phase("setup", _log.event("slaMatCreate")):
-            entry = mats[mat_type] = [_create(dA, mat_type), vals.clone()]
+            mat = _create(dA, mat_type)
+            view = _values_view(dA, L, mat)
+            # [Mat, private copy of the values written (None: compared with the Mat's own arrays), view]
+            entry = mats[mat_type] = [mat, None if view is not None else vals.clone(), view]
     elif refill:
         with _log.phase("refill", _log.event("slaMatRefill")):
-            if _changed_anywhere(dA.comm, entry[1], vals):
+            if _changed_anywhere(dA.comm, entry, vals):
                 fill_petsc_mat(entry[0], dA)
                 snap = entry[1]
-                if snap.shape == vals.shape and snap.dtype == vals.dtype and snap.device == vals.device:
+                if snap is None:
+                    pass
+                elif snap.shape == vals.shape and snap.dtype == vals.dtype and snap.device == vals.device:
                     snap.copy_(vals)  # the private snapshot's own storage: no new allocation
                 else:
                     entry[1] = vals.clone()
@@ -125,10 +132,26 @@ def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None):
     return entry[0]
 
 
-def _changed_anywhere(comm, snapshot: torch.Tensor, vals: torch.Tensor) -> bool:
-    """Collective. True on every rank when any rank's values differ from its snapshot."""
-    mine = not (snapshot.shape == vals.shape and snapshot.dtype == vals.dtype
-                and snapshot.device == vals.device and torch.equal(snapshot, vals))
+def _values_view(dA, L, mat):
+    """Local. An :class:`~slasolve._petsc_values.AIJValues` comparing ``dA``'s values with
+    ``mat``'s own arrays (scalar CPU tensors in an AIJ Mat), or None: keep a copy."""
+    if dA.local.is_block or dA.values.device.type != "cpu" or dA.values.dtype not in (torch.float32,
+                                                                                      torch.float64):
+        return None
+    from ._petsc_values import AIJValues
+    loc = dA.local
+    return AIJValues.build(mat, loc.indices.cpu().numpy(), L.cstart, L.cend, loc.values.detach().numpy())
+
+
+def _changed_anywhere(comm, entry, vals: torch.Tensor) -> bool:
+    """Collective. True on every rank when any rank's values differ from what its Mat holds."""
+    snapshot, view = entry[1], entry[2]
+    if view is not None:
+        same = view.equal(vals.numpy()) if vals.device.type == "cpu" and vals.dim() == 1 else None
+        mine = not same     # None (cannot tell): refill
+    else:
+        mine = not (snapshot.shape == vals.shape and snapshot.dtype == vals.dtype
+                    and snapshot.device == vals.device and torch.equal(snapshot, vals))
     if comm.Get_size() == 1:
         return mine
     from mpi4py import MPI

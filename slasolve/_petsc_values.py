@@ -1,0 +1,139 @@
+"""Read-only views of an assembled AIJ Mat's value arrays, to compare new values with
+the Mat itself instead of with a private copy of the values last written.
+
+petsc4py 3.18 does not wrap ``MatSeqAIJGetArrayRead`` / ``MatMPIAIJGetSeqAIJ``; they are
+called through ``ctypes`` on the ``libpetsc`` petsc4py has loaded. Anything unexpected
+(another Mat type, a library that cannot be found, counts that do not match the
+pattern, values that differ right after creation) makes :meth:`AIJValues.build` return
+``None`` and the caller keeps its copy: this module only ever saves memory, it never
+decides an answer on a guess.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import List, Optional
+
+import numpy as np
+
+# diagonal-block values compared this many entries at a time (bounded temporaries:
+# this PETSc build keeps every freed temporary in RSS, see bench/memory_breakdown.py)
+_CHUNK = 1 << 18
+
+
+@functools.lru_cache(maxsize=None)
+def _lib():
+    """Local. The ``libpetsc`` shared object of this process with the functions set up, or None."""
+    try:
+        from petsc4py import PETSc
+        if PETSc.ScalarType != np.float64:
+            return None
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libpetsc" in line and ".so" in line}
+        paths = [p for p in paths if p.startswith("/") and "petsc4py" not in p]
+        if len(paths) != 1:
+            return None
+        lib = ctypes.CDLL(paths[0])
+        vp = ctypes.c_void_p
+        for name, args in (("MatSeqAIJGetArrayRead", [vp, ctypes.POINTER(vp)]),
+                           ("MatSeqAIJRestoreArrayRead", [vp, ctypes.POINTER(vp)]),
+                           ("MatMPIAIJGetSeqAIJ", [vp, ctypes.POINTER(vp), ctypes.POINTER(vp),
+                                                   ctypes.POINTER(vp)])):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, ctypes.c_int
+        return lib
+    except (OSError, AttributeError, ImportError):
+        return None
+
+
+class AIJValues:
+    """Local. Compares one rank's scalar CSR values (rows sorted by global column) with
+    the ``seqaij`` / ``mpiaij`` Mat that was built from that pattern.
+
+    In an MPIAIJ Mat each owned row is split into the diagonal block (columns in the
+    owned column range, a contiguous run of the sorted row) and the off-diagonal block
+    (the other columns, in global order): so the diagonal block's array is the CSR
+    values with the off-diagonal positions taken out, and the off-diagonal array is the
+    values at those positions, both in CSR order.
+    """
+
+    def __init__(self, mat, mat_type: str, offd_pos: np.ndarray, n_diag: int, n_offd: int):
+        self._mat, self._type = mat, mat_type
+        self._offd_pos, self._n_diag, self._n_offd = offd_pos, n_diag, n_offd
+
+    @classmethod
+    def build(cls, mat, indices: np.ndarray, cstart: int, cend: int,
+              values: np.ndarray) -> Optional["AIJValues"]:
+        """Local. A comparer for ``mat`` just filled with ``values`` on pattern ``indices``
+        (global columns), or None when this Mat / library does not allow it."""
+        lib = _lib()
+        mat_type = mat.getType()
+        if lib is None or mat_type not in ("seqaij", "mpiaij") or values.dtype.kind != "f":
+            return None
+        from petsc4py import PETSc
+        nnz = int(indices.size)
+        if int(mat.getInfo(PETSc.Mat.InfoType.LOCAL)["nz_used"]) != nnz:
+            return None
+        if mat_type == "seqaij":
+            offd_pos = np.zeros(0, dtype=np.int64)
+        else:
+            offd_pos = np.flatnonzero((indices < cstart) | (indices >= cend))
+            n_diag = int(mat.getDiagonalBlock().getInfo(PETSc.Mat.InfoType.LOCAL)["nz_used"])
+            if n_diag != nnz - offd_pos.size:
+                return None
+        view = cls(mat, mat_type, offd_pos, nnz - offd_pos.size, int(offd_pos.size))
+        return view if view.equal(values) else None
+
+    def _arrays(self, lib) -> Optional[List[tuple]]:
+        h = ctypes.c_void_p(self._mat.handle)
+        if self._type == "seqaij":
+            mats = [(h, self._n_diag)]
+        else:
+            ad, ao, colmap = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+            if lib.MatMPIAIJGetSeqAIJ(h, ctypes.byref(ad), ctypes.byref(ao), ctypes.byref(colmap)):
+                return None
+            mats = [(ad, self._n_diag), (ao, self._n_offd)]
+        return mats
+
+    def equal(self, values: np.ndarray) -> Optional[bool]:
+        """Local. Whether the Mat holds exactly ``values`` (None: cannot tell; refill)."""
+        lib = _lib()
+        if self._mat.getType() != self._type or values.size != self._n_diag + self._n_offd:
+            return None
+        mats = self._arrays(lib)
+        if mats is None:
+            return None
+        ptrs, views = [], []
+        try:
+            for m, count in mats:
+                p = ctypes.c_void_p()
+                if lib.MatSeqAIJGetArrayRead(m, ctypes.byref(p)):
+                    return None
+                ptrs.append((m, p))
+                views.append(np.ctypeslib.as_array(ctypes.cast(p, ctypes.POINTER(ctypes.c_double)),
+                                                   shape=(count,)) if count else np.zeros(0))
+            return self._compare(values, views)
+        finally:
+            for m, p in ptrs:
+                lib.MatSeqAIJRestoreArrayRead(m, ctypes.byref(p))
+
+    def _compare(self, values: np.ndarray, views: List[np.ndarray]) -> bool:
+        diag = views[0]
+        pos = self._offd_pos
+        if not pos.size:
+            return bool(np.array_equal(values, diag))
+        if not np.array_equal(values[pos], views[1]):
+            return False
+        d = 0
+        for s in range(0, values.size, _CHUNK):     # chunks of entries, not rows
+            e = min(values.size, s + _CHUNK)
+            a, b = np.searchsorted(pos, (s, e))
+            part = values[s:e]
+            if a < b:
+                keep = np.ones(e - s, dtype=bool)
+                keep[pos[a:b] - s] = False
+                part = part[keep]
+            if not np.array_equal(part, diag[d:d + part.size]):
+                return False
+            d += part.size
+        return d == diag.size
