@@ -404,11 +404,10 @@ def report(R, quick, total_s, made):
       "the live CSR values and the rows with ghost entries are recomputed after the exchange; halo messages "
       "carry a 16-byte header that lets neighbours detect a bad vector on one rank instead of hanging. That "
       "costs 5-20% at 2 ranks against the earlier cached split (0.95 before); the target still holds.")
-    A("* *memory, `sla_petsc_jacobi` at 2 ranks*: beyond raw PETSc's own Mat, slasolve holds the value snapshot "
-      "(8 bytes per nonzero) that lets a changed value refill the cached PETSc Mat (issue 9's 'no stale Mat'), "
-      "and keeps the caller's CSR arrays (its torch-side tensor). A hash instead of the copy costs 0.2-0.5 s per "
-      "40 MB on every solve; comparing with PETSc's own values needs `MatSeqAIJGetArray`, which petsc4py 3.18 "
-      "does not wrap. Was 2.49x before issue 12.")
+    A("* *memory, `sla_petsc_jacobi`*: beyond raw PETSc's own Mat, slasolve keeps the caller's CSR arrays (its "
+      "torch-side tensor). Changed values are detected by comparing with the Mat's own arrays "
+      "(`slasolve/_petsc_values.py`, ctypes: petsc4py 3.18 does not wrap `MatSeqAIJGetArrayRead`), no longer "
+      "with an 8-byte-per-nonzero copy: 1.29x -> 1.12x at 2 ranks. Was 2.49x before issue 12.")
     A("* *torch backend at 10k unknowns per rank*: one rank is at the target (the kernel makes 6 torch calls per "
       "iteration; torch's `mv` alone is ~43 us against PETSc's whole 51 us iteration). At 2 ranks the local "
       "product is split into a bulk, a ghost and a boundary-row CSR product (to overlap the exchange), 67 us "
@@ -697,8 +696,8 @@ def report(R, quick, total_s, made):
         A("Where the memory goes (1 rank, `python bench/memory_breakdown.py [--backend petsc --pc gamg]`): the "
           "caller's values and CSR arrays (kept as given by `from_local_rows` when sorted), an int32 copy of the "
           "diagonal block for the torch kernel, the Jacobi inverse diagonal and its snapshot (torch), or the PETSc "
-          "Mat's arrays plus a value snapshot (8 bytes per nonzero: what lets a changed value refill the Mat, "
-          "house rule 'no stale Mat'), and x, b. The row layout builds its diagonal/off-diagonal patterns and "
+          "Mat's arrays (new values are compared with them before a refill, house rule 'no stale Mat'; block "
+          "tensors keep an 8-byte-per-nonzero copy for that instead), and x, b. The row layout builds its diagonal/off-diagonal patterns and "
           "the transposed pattern only when a backward or transposed product needs them.\n")
     # ---- memory per rank, weak scaling
     d = get(R, "scaling_memory")
