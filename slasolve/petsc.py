@@ -96,7 +96,7 @@ def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None):
 
     Whether to refill is decided by comparing the values with those the Mat holds (an
     O(nnz) read of the Mat's own arrays for scalar CPU tensors in an AIJ Mat, see
-    :mod:`slasolve._petsc_values`; otherwise with a private copy of the values last
+    ``slasolve/_petsc_values.py``; otherwise with a private copy of the values last
     written, ``torch.equal``), not by a tensor stamp
     (id / ``_version`` / data pointer): writes through ``.data``, NumPy views or
     ``torch.no_grad`` in-place ops do not all bump ``_version``, and a Mat that
@@ -133,7 +133,7 @@ def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None):
 
 
 def _values_view(dA, L, mat):
-    """Local. An :class:`~slasolve._petsc_values.AIJValues` comparing ``dA``'s values with
+    """Local. An ``AIJValues`` (``slasolve/_petsc_values.py``) comparing ``dA``'s values with
     ``mat``'s own arrays (scalar CPU tensors in an AIJ Mat), or None: keep a copy."""
     if dA.local.is_block or dA.values.device.type != "cpu" or dA.values.dtype not in (torch.float32,
                                                                                       torch.float64):

@@ -18,6 +18,8 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 import torch
+
+import slasolve.krylov
 from mpi4py import MPI
 
 from slasolve.fem import DensityFilter, box_mesh, cell_laplacian, elasticity_stiffness
@@ -209,6 +211,10 @@ def test_top88_history_with_reuse(reuse):
                      "--tol", "0", "--rtol", "1e-12", "--quiet", "--reuse", reuse, "--warm"])
     np.testing.assert_allclose(np.asarray(out["history"]), ref, rtol=1e-6)
     infos = out["problem"].infos
+    if reuse == "interpolation" and slasolve.krylov.default_backend() != "petsc":
+        # documented: no prolongators to keep on the torch backend, the call is a default one
+        assert len(infos) == iters and not any(hasattr(i, "pc_reuse") for i in infos)
+        return
     assert len(infos) == iters and all(i.pc_reuse["mode"] == topo.REUSE[reuse] for i in infos)
     if reuse != "pc":  # built on the first iteration, kept on some later ones
         assert infos[0].pc_reuse["rebuilt"] and not all(i.pc_reuse["rebuilt"] for i in infos)
