@@ -408,11 +408,11 @@ def report(R, quick, total_s, made):
       "torch-side tensor). Changed values are detected by comparing with the Mat's own arrays "
       "(`slasolve/_petsc_values.py`, ctypes: petsc4py 3.18 does not wrap `MatSeqAIJGetArrayRead`), no longer "
       "with an 8-byte-per-nonzero copy: 1.29x -> 1.12x at 2 ranks. Was 2.49x before issue 12.")
-    A("* *torch backend at 10k unknowns per rank*: one rank is at the target (the kernel makes 6 torch calls per "
-      "iteration; torch's `mv` alone is ~43 us against PETSc's whole 51 us iteration). At 2 ranks the local "
-      "product is split into a bulk, a ghost and a boundary-row CSR product (to overlap the exchange), 67 us "
-      "against 43 us for the same rows in one product, and the vector updates and two Allreduces add the rest; "
-      "PETSc's iteration barely grows (51 -> 55 us). Was 4.6x / 7.8x before issue 12.")
+    A("* *torch backend at 10k unknowns per rank*: at this size an iteration is per-call overhead. The kernel "
+      "does one CSR product over `[owned | ghost]` columns with the halo received straight into its extended "
+      "search direction (the split bulk/boundary product for overlap cost 67 us against 43 at 2 ranks, while a "
+      "message takes ~4 us), SciPy's compiled CSR product after a self-check, and SciPy BLAS level 1 for the "
+      "vector work. Was 4.6x / 7.8x before issue 12, 1.51x / 2.24x after its first pass.")
     A("* *several right-hand sides*: PETSc 3.18 has no block Krylov method for these KSP types, so one call "
       "saves only slasolve's per-call overhead (a few percent for CG+GAMG, none for GMRES, whose one-call path "
       "also pays a `MatMatMult` true-residual check for all columns).")
