@@ -140,14 +140,20 @@ def _values_view(dA, L, mat):
         return None
     from ._petsc_values import AIJValues
     loc = dA.local
-    return AIJValues.build(mat, loc.indices.cpu().numpy(), L.cstart, L.cend, loc.values.detach().numpy())
+    try:  # local: a failure here must not leave the cache on some ranks only (the next call is collective)
+        return AIJValues.build(mat, loc.indices.cpu().numpy(), L.cstart, L.cend, loc.values.detach().numpy())
+    except Exception:
+        return None
 
 
 def _changed_anywhere(comm, entry, vals: torch.Tensor) -> bool:
     """Collective. True on every rank when any rank's values differ from what its Mat holds."""
     snapshot, view = entry[1], entry[2]
     if view is not None:
-        same = view.equal(vals.numpy()) if vals.device.type == "cpu" and vals.dim() == 1 else None
+        try:  # local, before the Allreduce: never raise on one rank here
+            same = view.equal(vals.numpy()) if vals.device.type == "cpu" and vals.dim() == 1 else None
+        except Exception:
+            same = None
         mine = not same     # None (cannot tell): refill
     else:
         mine = not (snapshot.shape == vals.shape and snapshot.dtype == vals.dtype

@@ -91,3 +91,24 @@ def test_block_tensors_keep_their_copy_and_answer_right():
     x = slasolve.solve(dA, dA.scatter(b, root=None), "gmres", rtol=1e-12)
     ref = spla.spsolve(sp.csc_matrix(3 * A), b.numpy())
     assert np.abs(dA.gather(x, root=None).numpy() - ref).max() < 1e-9
+
+
+@pytest.mark.mpi
+def test_a_comparer_failing_on_one_rank_refills_instead_of_hanging(monkeypatch):
+    """The comparison runs on each rank before the Allreduce that decides the refill: if it
+    fails on one rank only, that rank must vote 'refill' rather than raise alone."""
+    from slasolve import _petsc_values
+    A = _matrix()
+    dA = distribute(A, COMM, "contiguous")
+    to_petsc_mat(dA)
+    assert dA._layout.petsc_mats["aij"][2] is not None
+    real = _petsc_values.AIJValues.equal
+
+    def flaky(self, values):
+        if COMM.rank == 0:
+            raise RuntimeError("simulated failure on rank 0")
+        return real(self, values)
+    monkeypatch.setattr(_petsc_values.AIJValues, "equal", flaky)
+    dA.values.detach().numpy()[:] *= 2
+    b = np.linspace(1.0, 2.0, A.shape[0])
+    assert _solve_err(dA, _global_now(dA), b) < 1e-10 * np.abs(spla.spsolve(sp.csc_matrix(2 * A), b)).max()
