@@ -17,7 +17,7 @@ __all__ = ["local_slice", "replicate", "global_offsets", "poisson_matrix", "grid
            "block_spd_matrix", "spd_matrix", "nonsymmetric_matrix", "symmetric_indefinite_matrix",
            "graph_laplacian", "separated_spectrum_matrix", "repeated_spectrum_matrix", "mass_like_matrix",
            "random_block_matrix", "with_empty_rows", "random_coords", "random_partition",
-           "eig_selection_error", "residual_bound_ok", "property_config", "collective_property"]
+           "eig_selection_error", "residual_bound_ok", "property_config", "collective_property", "simp_mbb_system"]
 
 
 class _LocalSlice(torch.autograd.Function):
@@ -574,3 +574,25 @@ def distribute_or_none(A, comm, partition: str = "contiguous", coords=None, seed
         if any(w in msg for w in ("empty", "no rows", "fewer than", "nparts <= n", "exceeds the number of rows")):
             return None
         raise
+
+
+def simp_mbb_system(comm, nelx: int, nely: int):
+    """Collective. The SIMP plane-stress MBB beam of ``examples/topology_optimisation.py``:
+    ``(system, mesh)`` with ``system(rho) -> (K_bc, f_bc)`` for per-cell densities ``rho``
+    (this rank's cells of the ``nelx x nely`` quad mesh)."""
+    from .fem import Assembler, DirichletBC, boundary_dofs, box_mesh
+    mesh = box_mesh((nelx, nely), upper=(nelx, nely), cell="quad", comm=comm)
+    space = Assembler(mesh, block_size=2)
+    left = boundary_dofs(space, lambda x: x[:, 0] < 1e-9, components=[0])
+    roller = boundary_dofs(space, lambda x: (x[:, 0] > nelx - 1e-9) & (x[:, 1] < 1e-9), components=[1])
+    bc = DirichletBC(space, torch.sort(torch.cat([left, roller])).values, 0.0)
+    f = space.zeros()
+    dof = 2 * (nely * (nelx + 1)) + 1
+    d0, d1 = space.dof_range
+    if d0 <= dof < d1:
+        f[dof - d0] = -1.0
+
+    def system(rho):
+        K = space.elasticity(1e-9 + rho ** 3 * (1.0 - 1e-9), 0.3, kind="plane_stress")
+        return bc.apply(K, f)
+    return system, mesh

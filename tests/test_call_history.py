@@ -17,6 +17,7 @@ from mpi4py import MPI
 import slasolve
 from slasolve import DSparseTensor
 from slasolve.krylov.solve import SOLVER_CACHE_SIZE
+from slasolve.testing import simp_mbb_system
 
 pytestmark = pytest.mark.mpi
 BACKENDS = ["petsc", "torch"]
@@ -411,27 +412,6 @@ def test_reuse_pc_opt_in(comm, backend):
     _close(x, _ref(A2, bg, r0, r1), comm)
 
 
-def _simp_system(comm, nelx, nely, density):
-    """SIMP plane-stress MBB stiffness (as examples/topology_optimisation.py) for ``density``."""
-    from slasolve.fem import Assembler, DirichletBC, boundary_dofs, box_mesh
-    mesh = box_mesh((nelx, nely), upper=(nelx, nely), cell="quad", comm=comm)
-    space = Assembler(mesh, block_size=2)
-    left = boundary_dofs(space, lambda x: x[:, 0] < 1e-9, components=[0])
-    roller = boundary_dofs(space, lambda x: (x[:, 0] > nelx - 1e-9) & (x[:, 1] < 1e-9), components=[1])
-    bc = DirichletBC(space, torch.sort(torch.cat([left, roller])).values, 0.0)
-    f = space.zeros()
-    dof = 2 * (nely * (nelx + 1)) + 1
-    d0, d1 = space.dof_range
-    if d0 <= dof < d1:
-        f[dof - d0] = -1.0
-
-    def system(rho):
-        K = space.elasticity(1e-9 + rho ** 3 * (1.0 - 1e-9), 0.3, kind="plane_stress")
-        return bc.apply(K, f)
-
-    return system, mesh.n_local_cells
-
-
 def _global_scipy(dA, b, comm):
     loc = dA.local.scalar() if dA.local.is_block else dA.local
     n = dA.global_shape[0] * (dA.local.block_shape[0] if dA.local.is_block else 1)
@@ -445,7 +425,8 @@ def test_gamg_rebuilt_after_large_value_change(comm):
     """Uniform densities, then random densities in [0.2, 1] on the same assembler: PETSc
     3.18's GAMG reused the old prolongators and smoother eigenvalue estimates
     (DIVERGED_INDEFINITE_PC); the rebuilt PC must match a fresh KSP."""
-    system, ncells = _simp_system(comm, 60, 20, None)
+    system, mesh = simp_mbb_system(comm, 60, 20)
+    ncells = mesh.n_local_cells
     K1, f1 = system(torch.full((ncells,), 0.5))
     _, i1 = slasolve.solve(K1, f1, "cg", pc="gamg", rtol=1e-10, return_info=True)
     rho = 0.2 + 0.8 * torch.rand(ncells, generator=torch.Generator().manual_seed(comm.rank))

@@ -20,6 +20,7 @@ from mpi4py import MPI
 import slasolve
 from slasolve import DSparseTensor
 from slasolve.krylov.solve import LAG_CAP, LAG_GROWTH
+from slasolve.testing import simp_mbb_system
 
 pytestmark = pytest.mark.mpi
 MODES = [True, "lagged", "interpolation"]
@@ -38,24 +39,9 @@ def _close(x, ref, comm, tol):
 
 
 def _simp(comm, nelx, nely):
-    """SIMP plane-stress MBB stiffness (as examples/topology_optimisation.py): ``system(rho)
-    -> (K_bc, f_bc)``, local cell count, first local cell, global cell count."""
-    from slasolve.fem import Assembler, DirichletBC, boundary_dofs, box_mesh
-    mesh = box_mesh((nelx, nely), upper=(nelx, nely), cell="quad", comm=comm)
-    space = Assembler(mesh, block_size=2)
-    left = boundary_dofs(space, lambda x: x[:, 0] < 1e-9, components=[0])
-    roller = boundary_dofs(space, lambda x: (x[:, 0] > nelx - 1e-9) & (x[:, 1] < 1e-9), components=[1])
-    bc = DirichletBC(space, torch.sort(torch.cat([left, roller])).values, 0.0)
-    f = space.zeros()
-    dof = 2 * (nely * (nelx + 1)) + 1
-    d0, d1 = space.dof_range
-    if d0 <= dof < d1:
-        f[dof - d0] = -1.0
-
-    def system(rho):
-        K = space.elasticity(1e-9 + rho ** 3 * (1.0 - 1e-9), 0.3, kind="plane_stress")
-        return bc.apply(K, f)
-
+    """SIMP MBB stiffness: ``system(rho) -> (K_bc, f_bc)``, local cell count, first local
+    cell, global cell count."""
+    system, mesh = simp_mbb_system(comm, nelx, nely)
     nc = mesh.n_local_cells
     return system, nc, sum(comm.allgather(nc)[:comm.rank]), comm.allreduce(nc)
 
