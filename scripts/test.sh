@@ -32,13 +32,16 @@ fi
 status=0
 echo "== serial (1 process, MPI tests at size 1)"
 timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider ${args[@]+"${args[@]}"} || status=1
-for n in 2 3 4; do
-  if [ "$n" = 3 ]; then marks="mpi and property"; what="property tests"; else marks="mpi"; what="MPI tests"; fi
-  echo "== mpirun -n $n ($what)"
+# run_mpi N MARKS WHAT: the marked tests on N ranks under the timeout; a failure dumps the other ranks' logs
+run_mpi() {
+  echo "== mpirun -n $1 ($3)"
   rm -f .pytest-mpi/rank-*.log   # the failure dump below shows this run's ranks only
-  timeout "$run_timeout" mpirun -n "$n" --oversubscribe --bind-to none \
-    "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m "$marks" -p no:cacheprovider ${args[@]+"${args[@]}"} || {
-      status=1; echo "mpirun -n $n failed; other ranks' logs:"; tail -n 30 .pytest-mpi/*.log 2>/dev/null; }
+  timeout "$run_timeout" mpirun -n "$1" --oversubscribe --bind-to none \
+    "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m "$2" -p no:cacheprovider ${args[@]+"${args[@]}"} || {
+      status=1; echo "mpirun -n $1 failed; other ranks' logs:"; tail -n 30 .pytest-mpi/*.log 2>/dev/null; }
+}
+for n in 2 3 4; do
+  if [ "$n" = 3 ]; then run_mpi "$n" "mpi and property" "property tests"; else run_mpi "$n" "mpi" "MPI tests"; fi
 done
 # scale evidence past the machine's cores: the property tests (differential against SciPy/LAPACK:
 # the same answers as one rank; SPMD hangs) oversubscribed at 8 ranks by default (SLASOLVE_SKIP_SCALE=1
@@ -49,11 +52,7 @@ seen=" "
 for n in $scale_ranks; do
   case "$seen" in *" $n "*) continue;; esac   # "8" given twice runs once
   seen="$seen$n "
-  echo "== mpirun -n $n (property tests, oversubscribed; SLASOLVE_SKIP_SCALE / SLASOLVE_SCALE_RANKS)"
-  rm -f .pytest-mpi/rank-*.log   # the failure dump below shows this run's ranks only
-  timeout "$run_timeout" mpirun -n "$n" --oversubscribe --bind-to none \
-    "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m "mpi and property" -p no:cacheprovider ${args[@]+"${args[@]}"} || {
-      status=1; echo "mpirun -n $n failed; other ranks' logs:"; tail -n 30 .pytest-mpi/*.log 2>/dev/null; }
+  run_mpi "$n" "mpi and property" "property tests, oversubscribed; SLASOLVE_SKIP_SCALE / SLASOLVE_SCALE_RANKS"
 done
 if [ "${SLASOLVE_SKIP_DOCS:-0}" = "0" ]; then
   # the API reference and guides, warnings as errors (docs/conf.py); SLASOLVE_SKIP_DOCS=1 skips
