@@ -55,6 +55,10 @@ class SolveInfo:
     For several right-hand sides the entries are sums over the columns. A backward
     pass through the solve adds ``"adjoint"`` (seconds in the adjoint solves, not part of
     ``"total"``) and sets ``adjoint`` to the adjoint solve's own SolveInfo.
+    ``pc_reuse``: for a call with ``reuse_pc`` other than ``False``, the preconditioner
+    reuse decision ``{"mode", "rebuilt", "retried", "discarded_iterations"}`` (see
+    :func:`slasolve.solve`); ``None`` otherwise. ``per_rhs``: for several right-hand
+    sides solved column by column, each column's SolveInfo (this one merges them).
     ``method``/``pc`` name what actually ran (after ``petsc_options`` / command-line
     ``-ksp_type`` / ``-pc_type``): slasolve's name where there is one (``"bicgstab"``),
     else PETSc's (``"fgmres"``, ``"bjacobi"``); ``pc="callable"`` for a user function.
@@ -74,6 +78,8 @@ class SolveInfo:
     pc: str = ""
     times: dict = field(default_factory=dict)
     adjoint: "SolveInfo | None" = None
+    pc_reuse: dict | None = None
+    per_rhs: "list[SolveInfo] | None" = None
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:
