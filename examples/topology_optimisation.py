@@ -159,13 +159,22 @@ def oc_update(prob: MBB, x: torch.Tensor, dc: torch.Tensor, dv: torch.Tensor, vo
     return xnew
 
 
-def optimise(prob: MBB, volfrac: float = 0.5, iters: int = 50, tol: float = 0.01, say=None):
-    """Collective. Run the OC loop; returns ``(x, history)`` with ``history`` the compliance
+def optimise(prob: MBB, volfrac: float = 0.5, iters: int = 50, tol: float = 0.01, say=None,
+             x0: torch.Tensor | None = None):
+    """Collective. Run the OC loop from the design ``x0`` (this rank's ``(n_local,)`` densities;
+    default uniform ``volfrac``); returns ``(x, history)`` with ``history`` the compliance
     per iteration (a list of floats, the same on every rank). ``prob.solve_times`` gets this
     rank's seconds per iteration in the compliance evaluation and its gradient (assembly,
     solve, adjoint), ``prob.solve_cpu_times`` this process's CPU seconds in them."""
     comm = prob.comm
-    x = torch.full((prob.n_local,), float(volfrac), dtype=torch.float64)
+    if x0 is None:
+        x = torch.full((prob.n_local,), float(volfrac), dtype=torch.float64)
+    else:
+        x = torch.as_tensor(x0, dtype=torch.float64).clone()
+        bad = comm.allreduce(int(x.shape != (prob.n_local,)))  # raise on every rank, or on none
+        if bad:
+            raise ValueError(f"x0 must have shape (n_local,) = ({prob.n_local},) on every rank; "
+                             f"{bad} rank(s) differ (this rank: {tuple(x.shape)})")
     history = []
     prob.solve_times, prob.solve_cpu_times = [], []
     for it in range(iters):

@@ -220,6 +220,20 @@ def test_top88_history_with_reuse(reuse):
         assert infos[0].pc_reuse["rebuilt"] and not all(i.pc_reuse["rebuilt"] for i in infos)
 
 
+def test_optimise_restarts_from_x0():
+    """optimise(..., x0=x) continues a run: 3 iterations, then 3 more from their design, give
+    the 88-line code's 6-iteration history; an x0 of the wrong shape on one rank raises on all."""
+    nelx, nely, rmin = 30, 10, 1.5
+    ref, _ = top88_reference(nelx, nely, 0.5, 3.0, rmin, 6)
+    prob = topo.MBB(nelx, nely, rmin=rmin, comm=COMM, solve_opts=dict(rtol=1e-12))
+    x3, h1 = topo.optimise(prob, 0.5, 3, tol=0.0)
+    _, h2 = topo.optimise(prob, 0.5, 3, tol=0.0, x0=x3)
+    np.testing.assert_allclose(h1 + h2, ref, rtol=1e-6)
+    bad = x3 if COMM.rank != COMM.size - 1 else torch.cat([x3, x3[:1]])
+    with pytest.raises(ValueError, match="x0 must have shape"):
+        topo.optimise(prob, 0.5, 1, tol=0.0, x0=bad)
+
+
 # ----------------------------------------------------------------------------- inverse conductivity
 @pytest.mark.parametrize("optimizer", ["lbfgs", "adam"])
 def test_inverse_example_runs_and_decreases(optimizer):
