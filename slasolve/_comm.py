@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-__all__ = ["get_comm", "check_collective", "settings_digest", "allreduce_sum", "allreduce_max", "exscan_sum"]
+__all__ = ["get_comm", "check_collective", "settings_digest", "allreduce_sum", "allreduce_max", "allreduce_int",
+           "exscan_sum"]
 
 _ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError,
                 "FileNotFoundError": FileNotFoundError, "ImportError": ImportError}
@@ -55,7 +56,7 @@ def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=No
             raise error
         return
     if agree is None:
-        failed = comm.allreduce(1 if error is not None else 0, op=MPI.SUM)
+        failed = allreduce_int(comm, 1 if error is not None else 0)
         differ = False
     else:
         d = settings_digest(sorted((str(k), v) for k, v in dict(agree).items()))
@@ -66,7 +67,7 @@ def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=No
         failed = -int(buf[0])
         differ = int(buf[1]) != -int(buf[2])
         if failed:
-            failed = comm.allreduce(1 if error is not None else 0, op=MPI.SUM)
+            failed = allreduce_int(comm, 1 if error is not None else 0)
     if failed == 0 and not differ:
         return
     if failed == 0:
@@ -110,6 +111,17 @@ def allreduce_max(comm: MPI.Comm, t: torch.Tensor) -> torch.Tensor:
     buf = _as_numpy(t).copy()
     comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
     return torch.from_numpy(buf).to(t.device)
+
+
+def allreduce_int(comm: MPI.Comm, value: int, op: MPI.Op = MPI.SUM) -> int:
+    """Collective. ``op`` (SUM, MAX, MIN) of one integer over the ranks: one ``MPI_Allreduce``
+    of a buffer (mpi4py's pickled ``comm.allreduce`` sends point-to-point messages and two
+    broadcasts instead)."""
+    if comm.Get_size() == 1:
+        return int(value)
+    buf = np.array([int(value)], dtype=np.int64)
+    comm.Allreduce(MPI.IN_PLACE, buf, op=op)
+    return int(buf[0])
 
 
 def exscan_sum(comm: MPI.Comm, value: int) -> int:

@@ -20,7 +20,7 @@ import scipy.sparse as sp
 import torch
 from mpi4py import MPI
 
-from ._comm import check_collective, get_comm
+from ._comm import allreduce_int, check_collective, get_comm
 from .halo import HaloPlan
 from .placement import DSparseSpec, Placement, Replicated, Shard, SparseShard, row_shard
 from .sparse import Pattern, SparseTensor, _csr_mv, _csr_value_grad
@@ -782,7 +782,7 @@ class DSparseTensor:
         rank, size = comm.Get_rank(), comm.Get_size()
         placement = row_shard() if placement is None else placement
         have = A is not None
-        everywhere = (comm.allreduce(1 if have else 0) == size) if size > 1 else have
+        everywhere = (allreduce_int(comm, 1 if have else 0) == size) if size > 1 else have
         err = None
         S = None
         try:

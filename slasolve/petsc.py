@@ -161,7 +161,8 @@ def _changed_anywhere(comm, entry, vals: torch.Tensor) -> bool:
     if comm.Get_size() == 1:
         return mine
     from mpi4py import MPI
-    return bool(comm.allreduce(int(mine), op=MPI.MAX))
+    from ._comm import allreduce_int
+    return bool(allreduce_int(comm, int(mine), MPI.MAX))
 
 
 def from_petsc(mat, *, dtype: torch.dtype = torch.float64):

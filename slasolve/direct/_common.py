@@ -18,7 +18,8 @@ def changed_anywhere(comm, snapshot: Optional[torch.Tensor], vals: torch.Tensor)
     if comm.Get_size() == 1:
         return mine
     from mpi4py import MPI
-    return bool(comm.allreduce(int(mine), op=MPI.MAX))
+    from .._comm import allreduce_int
+    return bool(allreduce_int(comm, int(mine), MPI.MAX))
 
 
 def raise_factor_error_collective(comm, err: Optional[BaseException], backend: str = "",
@@ -32,7 +33,8 @@ def raise_factor_error_collective(comm, err: Optional[BaseException], backend: s
             raise err
         return
     from mpi4py import MPI
-    if not comm.allreduce(int(err is not None), op=MPI.MAX):
+    from .._comm import allreduce_int
+    if not allreduce_int(comm, int(err is not None), MPI.MAX):
         return
     msgs = comm.allgather(None if err is None else (type(err).__name__, str(err), getattr(err, "code", None)))
     first = next(r for r, m in enumerate(msgs) if m is not None)

@@ -33,7 +33,8 @@ def _global_scalar_nnz(dA) -> int:
     L = dA._layout
     local = int(dA.values.shape[0]) * L.br * L.bc
     comm = dA.comm
-    return local if comm.Get_size() == 1 else int(comm.allreduce(local))
+    from .._comm import allreduce_int
+    return allreduce_int(comm, local)
 
 
 def _garbage_cleanup(comm) -> None:

@@ -11,7 +11,7 @@ from mpi4py import MPI
 from scipy.sparse import SparseEfficiencyWarning
 from scipy.sparse.linalg import MatrixRankWarning
 
-from .._comm import check_collective
+from .._comm import allreduce_int, check_collective
 from ..dsparse import DSparseTensor
 from ._system import digest, gather_rows, row_block, split_rows
 
@@ -129,7 +129,7 @@ def spsolve(A, b, permc_spec=None, use_umfpack=True, *, comm: Optional[MPI.Comm]
     # an all-zero matrix is singular (MUMPS refuses nnz = 0 with another error code)
     if rows_mode:
         zero = float(dA.values.detach().abs().max()) == 0.0 if dA.values.numel() else True
-        zero = bool(ccomm.allreduce(int(zero), op=MPI.MIN)) if ccomm.Get_size() > 1 else zero
+        zero = bool(allreduce_int(ccomm, int(zero), MPI.MIN))
     else:
         zero = A.count_nonzero() == 0
 
