@@ -66,6 +66,7 @@ def worker(kind: str, nx: int, phases: bool = False) -> None:
     import slasolve.krylov  # noqa: F401  (same imports in every worker)
     from petsc4py import PETSc
     floor = maxrss_mib()
+    floor_split = (_status_mib("RssAnon"), _status_mib("RssFile"))
     n = nx * nx
     its = None
     build = None
@@ -104,7 +105,11 @@ def worker(kind: str, nx: int, phases: bool = False) -> None:
         ksp.solve(b, x)
         its = ksp.getIterationNumber()
     peak = maxrss_mib()
-    row = {"rank": RANK, "floor_mib": floor, "peak_mib": peak, "iterations": its}
+    # private (anonymous) vs file-backed growth: the file-backed part is shared-library code
+    # first touched by the run (torch's kernels: a fixed few MiB, shared by all ranks on a node);
+    # the heap is never trimmed in this build, so RssAnon after the solve is its high-water mark
+    row = {"rank": RANK, "floor_mib": floor, "peak_mib": peak, "iterations": its,
+           "anon_mib": _status_mib("RssAnon") - floor_split[0], "file_mib": _status_mib("RssFile") - floor_split[1]}
     if phases:
         _trim_and_reset()
         row = {"rank": RANK, "floor_mib": floor, "build_mib": build, "steady_mib": _status_mib("VmRSS"),

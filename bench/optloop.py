@@ -64,6 +64,7 @@ class Case:
 
     def __init__(self, name: str, dA, b: torch.Tensor, bs: int = 1):
         self.name, self.dA, self.b, self.bs = name, dA, b.detach().contiguous(), bs
+        self.comm = dA.comm
         r0, r1 = dA.row_range
         self.r0, self.m, self.N = r0, r1 - r0, dA.global_shape[0] * bs
         self.c = rhs_local(self.m, r0, seed=1)
@@ -81,7 +82,7 @@ class Case:
         self.indices = ix.numpy().astype(PETSc.IntType)
         self.rows = np.repeat(np.arange(self.m, dtype=np.int64), np.diff(self.indptr))  # local row per nz
         self.V0 = self.to_csr(V0.reshape(-1).numpy())
-        self.nnz_global = COMM.allreduce(int(self.indices.size))
+        self.nnz_global = self.comm.allreduce(int(self.indices.size))
 
     def to_csr(self, v_sla: np.ndarray) -> np.ndarray:
         return v_sla if self.perm is None else v_sla[self.perm]
@@ -129,13 +130,13 @@ class Raw:
         self.P = P
         m, N = P.m, P.N
         A = PETSc.Mat().createAIJ(size=((m, N), (m, N)), bsize=P.bs if P.bs > 1 else None,
-                                  csr=(P.indptr, P.indices, P.V0), comm=COMM)
+                                  csr=(P.indptr, P.indices, P.V0), comm=P.comm)
         A.setOption(PETSc.Mat.Option.NEW_NONZERO_ALLOCATION_ERR, True)
         A.assemble()
         self.A = A
         opts = PETSc.Options()
         opts["pc_gamg_reuse_interpolation"] = "false"
-        ksp = PETSc.KSP().create(comm=COMM)
+        ksp = PETSc.KSP().create(comm=P.comm)
         ksp.setOperators(A)
         ksp.setType("cg")
         ksp.getPC().setType("gamg")
@@ -205,7 +206,7 @@ class Sla:
         vals = torch.from_numpy(v_sla).requires_grad_()
         Ak = P.dA.with_values(vals)
         x, info = slasolve.solve(Ak, P.b, "cg", pc="gamg", rtol=RTOL, return_info=True)
-        loss = slasolve.global_sum((x * P.c).sum())
+        loss = slasolve.global_sum((x * P.c).sum(), P.comm)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -243,7 +244,7 @@ def run_case(P: Case, trials: int, warmup: int) -> dict:
             f = lambda: raw.step(vc)  # noqa: E731
         else:
             f = lambda: sla.step(vs)  # noqa: E731
-        dt = timed(f)
+        dt = timed(f, P.comm)
         if record:
             samples[name].append(dt)
 
@@ -262,8 +263,8 @@ def run_case(P: Case, trials: int, warmup: int) -> dict:
     gs = P.to_csr(sla.grad.detach().reshape(-1).numpy())
 
     def rel(a, b):
-        num = COMM.allreduce(float(np.abs(a - b).max(initial=0.0)), op=MPI.MAX)
-        den = COMM.allreduce(float(np.abs(b).max(initial=0.0)), op=MPI.MAX)
+        num = P.comm.allreduce(float(np.abs(a - b).max(initial=0.0)), op=MPI.MAX)
+        den = P.comm.allreduce(float(np.abs(b).max(initial=0.0)), op=MPI.MAX)
         return num / max(den, 1e-300)
     err_x, err_g = rel(xs, xr), rel(gs, raw.grad)
     res = {n: dict(stats(samples[n]), samples=samples[n]) for n in names}
@@ -271,9 +272,9 @@ def run_case(P: Case, trials: int, warmup: int) -> dict:
     for name, c in (("slasolve", sla), ("raw_petsc4py", raw)):
         keys = [p for p in PHASES if p in c.times]
         loc = np.array([c.times[p] / trials for p in keys])
-        COMM.Allreduce(MPI.IN_PLACE, loc, op=MPI.MAX)
+        P.comm.Allreduce(MPI.IN_PLACE, loc, op=MPI.MAX)
         phases[name] = dict(zip(keys, loc.tolist()))
-    return {"case": P.name, "n": P.N, "nnz": P.nnz_global, "ranks": SIZE, "trials": trials,
+    return {"case": P.name, "n": P.N, "nnz": P.nnz_global, "ranks": P.comm.Get_size(), "trials": trials,
             "times": res, "ratio": ratio(res, "slasolve", "raw_petsc4py"), "phases": phases,
             "iterations": {"slasolve": sla.iterations, "raw_petsc4py": raw.iterations},
             "rel_err_x": err_x, "rel_err_grad": err_g}

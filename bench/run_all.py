@@ -60,12 +60,16 @@ def jobs(quick: bool):
     for n in (1, 2):  # preconditioner reuse in the topology optimisation loop: 120x40, then 1M elements
         J.append((f"topopt_120x40_n{n}", "topopt.py", mpirun(n), q + ["--iters", "20", "--trials", "3",
                   "--contenders", "naive", "pc", "lagged", "interpolation", "lagged+warm"], 420, False))
-        # 1M elements (2M dofs, ~12 GB in all): one trial of naive vs lagged, few OC iterations
+        # 1M elements (2M dofs, ~12 GB in all): one trial, 4 OC iterations from a mid-optimisation design
+        # (30 OC iterations on the 200 x 50 mesh, prolonged: the uniform start's first steps move every density)
         J.append((f"topopt_1M_n{n}", "topopt.py", mpirun(n),
-                  ["--quick"] if quick else ["--nelx", "2000", "--nely", "500", "--rmin", "3", "--iters", str(n + 1),
-                                             "--trials", "1", "--no-warmup", "--contenders", "naive", "lagged"],
-                  900, False))
+                  ["--quick"] if quick else ["--nelx", "2000", "--nely", "500", "--rmin", "3", "--iters", "4",
+                                             "--trials", "1", "--no-warmup", "--start-coarse", "10",
+                                             "--contenders", "naive", "lagged", "interpolation"],
+                  3000, False))
     J.append(("scaling_projection", "scaling_projection.py", mpirun(2), q, 600, False))
+    # the optimisation-loop iteration projected to 8-128 ranks (launches its own 2-rank job)
+    J.append(("loop_projection", "loop_projection.py", [], q, 1500, False))
     J.append(("memory", "memory.py", [], q + ["--ranks", "1", "2"], 600, False))
     # measured memory per rank, weak scaling at 1-16 ranks oversubscribed (launches its own mpirun jobs)
     J.append(("scaling_memory", "scaling_projection.py", [], ["--memory"] + q, 900, False))
@@ -531,12 +535,17 @@ def report(R, quick, total_s, made):
                 sp = v.get("speedup_vs_naive") or {}
                 cp = v.get("cpu_speedup_vs_naive") or {}
                 diff = v.get("max_rel_diff_vs_naive")
-                A(f"| {d['nelx']}x{d['nely']} ({d['iters']} it, rtol {d['rtol']:g}) | {d['ranks']} | {name} | "
+                mid = ", mid-optimisation start" if str(d.get("start", "")).startswith("the design") else ""
+                A(f"| {d['nelx']}x{d['nely']} ({d['iters']} it{mid}, rtol {d['rtol']:g}) | {d['ranks']} | {name} | "
                   f"{fmt(v['solve']['median'])} | {fmt(v['wall']['median'])} | "
                   + (f"{sp['median']:.2f} ({sp['min']:.2f}-{sp['max']:.2f})" if sp else "-") +
                   f" | {fmt(v['cpu']['median']) if 'cpu' in v else '-'} | "
                   + (f"{cp['median']:.2f} ({cp['min']:.2f}-{cp['max']:.2f})" if cp else "-") +
                   f" | {sum(v['iterations'])} | {v['builds']} | " + ("-" if diff is None else f"{diff:.1e}") + " |")
+        A("")
+        for _, d in tops:
+            if d and d.get("start"):
+                A(f"* {d['nelx']}x{d['nely']}, {d['ranks']} rank(s): every run starts from {d['start']}.")
         A("")
     o1, o2 = get(R, "torch_overhead_n1"), get(R, "torch_overhead_n2")
     if o1 or o2:
@@ -728,6 +737,26 @@ def report(R, quick, total_s, made):
         gv = {r["ranks"]: r["global_vec_mib"] for r in d["results"]}
         A("| global vec (8 N bytes) | " + " | ".join(f"{gv[P]:.1f}" if P in gv else "-" for P in ranks) + " | |")
         A("")
+        if any("anon_mib" in r for r in d["results"]):
+            A("The same runs split (`/proc/self/status`, growth from the import floor to the end of the run, max "
+              "over ranks): **private** = `RssAnon`, memory that is this rank's alone (the heap is never trimmed "
+              "in this PETSc build, so its value after the solve is its high-water mark); **code** = `RssFile`, "
+              "shared-library pages first touched by the run (torch's CPU kernels for slasolve: a fixed few "
+              "MiB, the same at every problem size and shared by all ranks of a node through the page cache). "
+              "Format: private MiB (x raw petsc4py's private) + code MiB.\n")
+            A("| contender | " + " | ".join(f"P={P}" for P in ranks) + " |")
+            A("|---|" + "---|" * len(ranks))
+            for kind in dict.fromkeys(r["kind"] for r in d["results"]):
+                cells = []
+                for P in ranks:
+                    r = got.get((kind, P))
+                    if r is None or "error" in r or "anon_mib" not in r:
+                        cells.append("-")
+                    else:
+                        xr = f" (x{r['x_raw_anon']:.2f})" if r.get("x_raw_anon") else ""
+                        cells.append(f"{r['anon_mib']:.0f}{xr} + {r['file_mib']:.1f}")
+                A(f"| {kind} | " + " | ".join(cells) + " |")
+            A("")
     # ---- projection
     d = get(R, "scaling_projection")
     if d:
@@ -759,6 +788,34 @@ def report(R, quick, total_s, made):
             A(f"| {c['rows']} (P={P}) | {c['nnz']} | {fmt(c['petsc_cg_iter']['median'])} | "
               f"{fmt(c['torch_cg_iter']['median'])} | {fmt(c['petsc_matvec']['median'])} | "
               f"{fmt(c['slasolve_matvec']['median'])} |")
+        A("")
+    d = get(R, "loop_projection")
+    if d:
+        A("### The optimisation-loop iteration at 8-128 ranks (`bench/loop_projection.py`)\n")
+        A(f"`bench/optloop.py`'s loop iteration (new values, refill, CG + GAMG set-up to rtol 1e-8, forward, adjoint, "
+          f"value gradient) on the same 3-D Poisson matrix ({d['N']} unknowns). **Measured:** both contenders' loop "
+          "iteration on a block of ceil(N/P) rows (one core, `COMM_SELF`, alternated, median of "
+          f"{d['trials']} trials), and every MPI call of both at 2 ranks (a PMPI counting shim, "
+          "`bench/mpi_counts.c`, PETSc's calls included), whose difference is the communication slasolve adds. "
+          "**Modelled:** that extra communication at P ranks (each extra collective `ceil(log2 P)` latency "
+          "steps, each extra send one more halo exchange with all RCB neighbours: pessimistic), with the "
+          "interconnect above. `ratio bound` = (slasolve local + extra) / raw local: the communication both "
+          "share (Krylov and GAMG, the same PETSc calls) is left out of both, which can only raise the ratio, "
+          "so it bounds the projected slasolve / raw ratio from above.\n")
+        c = d.get("counts")
+        if c:
+            A(f"* MPI calls per loop iteration at 2 ranks ({c['N']} unknowns, max over ranks): slasolve "
+              f"{c['slasolve']}, raw petsc4py {c['raw_petsc4py']}; slasolve adds {c['extra']}.")
+        A("")
+        A("| P | rows per rank | slasolve local | raw local | local ratio (range) | halo max | neighbours max | "
+          "extra comm (modelled) | ratio bound |\n|---|---|---|---|---|---|---|---|---|")
+        for r in d["projection"]:
+            lr = r["local_ratio"]
+            A(f"| {r['P']} | {r['rows']} | {fmt(r['local']['slasolve']['median'])} | "
+              f"{fmt(r['local']['raw_petsc4py']['median'])} | {lr['median']:.3f} ({lr['min']:.3f}-{lr['max']:.3f}) | "
+              f"{r['halo_max']} | {r['neighbours_max']} | "
+              + (f"{fmt(r['extra_comm_s'])}" if r.get("extra_comm_s") is not None else "-") + " | "
+              + (f"{r['ratio_bound']:.3f}" if r.get("ratio_bound") is not None else "-") + " |")
         A("")
     # ---- other scripts (eigen, fem): their own tables are in the logs
     for name in ("eigen", "fem"):

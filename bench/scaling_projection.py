@@ -178,7 +178,8 @@ def memory_series(ranks, rows_per_rank: int = 125_000, timeout: int = 300) -> di
     print(f"# memory per rank, weak scaling: 2-D Poisson, ~{rows_per_rank} rows per rank, CG; "
           "peak RSS minus the import floor (MiB), max over ranks; each contender its own mpirun job", flush=True)
     print(f"{'contender':<18} {'P':>3} {'N':>9} {'rows/rank':>9} {'floor':>7} {'peak-floor':>10} "
-          f"{'min..max over ranks':>19} {'x raw':>6} {'x P=1':>6} {'its':>4} {'s':>5}", flush=True)
+          f"{'min..max over ranks':>19} {'x raw':>6} {'x P=1':>6} {'its':>4} {'s':>5} {'private':>7} {'code':>6} "
+          f"{'x raw':>6}", flush=True)
     for P in ranks:
         nx = int(round(math.sqrt(rows_per_rank * P)))
         N = nx * nx
@@ -193,18 +194,26 @@ def memory_series(ranks, rows_per_rank: int = 125_000, timeout: int = 300) -> di
                 continue
             inc = [x["peak_mib"] - x["floor_mib"] for x in r["per_rank"]]
             r.update(floor_mib=max(x["floor_mib"] for x in r["per_rank"]), increment_mib=max(inc),
-                     increment_min_mib=min(inc), iterations=r["per_rank"][0]["iterations"])
+                     increment_min_mib=min(inc), iterations=r["per_rank"][0]["iterations"],
+                     anon_mib=max(x["anon_mib"] for x in r["per_rank"]),
+                     file_mib=max(x["file_mib"] for x in r["per_rank"]))
             table[(kind, P)] = r["increment_mib"]
-            raw = table.get(("raw_petsc" + kind[kind.rindex("_"):], P))
+            table[(kind, P, "anon")] = r["anon_mib"]
+            raw_kind = "raw_petsc" + kind[kind.rindex("_"):]
+            raw, raw_anon = table.get((raw_kind, P)), table.get((raw_kind, P, "anon"))
             first = table.get((kind, ranks[0]))
             r["x_raw"] = r["increment_mib"] / raw if raw else None
+            r["x_raw_anon"] = r["anon_mib"] / raw_anon if raw_anon else None
             r["x_first"] = r["increment_mib"] / first if first else None
             print(f"{kind:<18} {P:>3} {N:>9} {N / P:>9.0f} {r['floor_mib']:>7.1f} {r['increment_mib']:>10.1f} "
                   f"{min(inc):>9.1f}..{max(inc):<9.1f} {r['x_raw'] or float('nan'):>6.2f} "
-                  f"{r['x_first'] or float('nan'):>6.2f} {r['iterations']:>4} {r['seconds']:>5.0f}", flush=True)
+                  f"{r['x_first'] or float('nan'):>6.2f} {r['iterations']:>4} {r['seconds']:>5.0f} "
+                  f"{r['anon_mib']:>7.1f} {r['file_mib']:>6.1f} {r['x_raw_anon'] or float('nan'):>6.2f}", flush=True)
     return {"bench": "scaling_memory", "rows_per_rank": rows_per_rank, "ranks": list(ranks), "results": rows,
             "note": "bench/memory.py's workers and launcher; 2-D Poisson nx = round(sqrt(rows_per_rank * P)); "
                     "max over ranks of ru_maxrss after the solve minus after the imports (MiB); "
+                    "private = growth of RssAnon (the never-trimmed heap's high-water mark), code = growth of "
+                    "RssFile (shared-library pages first touched, shared by the ranks of a node); "
                     "oversubscribed mpirun on this machine's cores"}
 
 

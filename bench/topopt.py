@@ -56,7 +56,31 @@ def load_example():
     return mod
 
 
-def run_once(topo, prob, opts, iters):
+def coarse_start(topo, nelx, nely, factor, iters, volfrac, rmin, rtol):
+    """Collective. A mid-optimisation design for the ``nelx x nely`` mesh: ``iters`` OC
+    iterations of the same beam on the ``factor`` times coarser mesh (on every rank alone,
+    ``COMM_SELF``: it is small), then each fine element takes the density of the coarse
+    element that contains it. Returns this rank's fine densities (the rows of ``cell_range``)
+    and the coarse run's last compliance."""
+    cx, cy = nelx // factor, nely // factor
+    coarse = topo.MBB(cx, cy, rmin=max(1.5, min(0.04 * cx, 4.8)), comm=MPI.COMM_SELF,
+                      solve_opts=dict(rtol=rtol))
+    xc, hist = topo.optimise(coarse, volfrac, iters, tol=0.0)
+    return xc.reshape(cy, cx), hist[-1]
+
+
+def fine_design(prob, xc):
+    """Local. This rank's densities on ``prob``'s mesh from the coarse ``(cy, cx)`` design."""
+    cy, cx = xc.shape
+    c0, c1 = prob.cell_range
+    ids = np.arange(c0, c1)
+    iy, ix = ids // prob.nelx, ids % prob.nelx
+    jy = np.minimum(iy * cy // prob.nely, cy - 1)
+    jx = np.minimum(ix * cx // prob.nelx, cx - 1)
+    return xc[jy, jx].clone()
+
+
+def run_once(topo, prob, opts, iters, x0=None):
     """Collective. One OC run of ``iters`` iterations on ``prob`` with the solve options
     ``opts`` (each contender has its own ``options_prefix``, hence its own cached KSP on the
     shared mesh, kept between its runs as in a long loop). Returns the record of this run."""
@@ -64,19 +88,19 @@ def run_once(topo, prob, opts, iters):
     n0 = len(prob.infos)
     COMM.Barrier()
     t0 = time.perf_counter()
-    _, history = topo.optimise(prob, 0.5, iters, tol=0.0)
+    _, history = topo.optimise(prob, 0.5, iters, tol=0.0, x0=x0)
     wall = COMM.allreduce(time.perf_counter() - t0, op=MPI.MAX)
     solve = COMM.allreduce(sum(prob.solve_times), op=MPI.MAX)
     cpu = COMM.allreduce(sum(prob.solve_cpu_times), op=MPI.MAX)
     infos = prob.infos[n0:]
-    builds = sum(1 for i in infos if getattr(i, "pc_reuse", {"rebuilt": True})["rebuilt"])
+    builds = sum(1 for i in infos if (i.pc_reuse or {"rebuilt": True})["rebuilt"])
     # seconds per OC iteration in the solve's phases (SolveInfo.times; slowest rank per phase)
     keys = ("setup", "solve", "adjoint", "refill", "verify")
     ph = np.array([sum(i.times.get(k, 0.0) for i in infos) / iters for k in keys])
     COMM.Allreduce(MPI.IN_PLACE, ph, op=MPI.MAX)
     return {"history": history, "wall": wall / iters, "solve": solve / iters, "cpu": cpu / iters,
             "iterations": [i.iterations for i in infos], "adjoint_iterations": [i.adjoint.iterations for i in infos],
-            "builds": builds, "retries": sum(1 for i in infos if getattr(i, "pc_reuse", {}).get("retried")),
+            "builds": builds, "retries": sum(1 for i in infos if (i.pc_reuse or {}).get("retried")),
             "phases": dict(zip(keys, ph.tolist()))}
 
 
@@ -91,6 +115,10 @@ def main():
     p.add_argument("--match", type=float, default=1e-6, help="largest relative history difference allowed")
     p.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=list(CONTENDERS))
     p.add_argument("--no-warmup", action="store_true", help="no untimed first run (large meshes)")
+    p.add_argument("--start-coarse", type=int, default=0, metavar="F",
+                   help="start every run from a mid-optimisation design: --start-iters OC iterations on the "
+                        "F times coarser mesh, prolonged (default 0: the uniform start)")
+    p.add_argument("--start-iters", type=int, default=30)
     args = p.parse_args()
     if args.quick:
         args.nelx, args.nely, args.iters = min(args.nelx, 60), min(args.nely, 20), min(args.iters, 8)
@@ -100,6 +128,14 @@ def main():
     topo = load_example()
     t0 = time.perf_counter()
     prob = topo.MBB(args.nelx, args.nely, rmin=args.rmin, comm=COMM, solve_opts=dict(rtol=args.rtol))
+    x0, start = None, "uniform density 0.5"
+    if args.start_coarse:
+        ts = time.perf_counter()
+        xc, cc = coarse_start(topo, args.nelx, args.nely, args.start_coarse, args.start_iters, 0.5, args.rmin,
+                              args.rtol)
+        x0 = fine_design(prob, xc)
+        start = (f"the design after {args.start_iters} OC iterations on the {args.nelx // args.start_coarse} x "
+                 f"{args.nely // args.start_coarse} mesh (compliance {cc:.4g}, {time.perf_counter() - ts:.1f} s)")
     opts = {}
     for name in args.contenders:
         reuse, warm = CONTENDERS[name]
@@ -109,15 +145,15 @@ def main():
            f"{2 * (args.nelx + 1) * (args.nely + 1)} dofs), rmin {args.rmin:g}, {SIZE} rank(s), "
            f"CG + GAMG rtol {args.rtol:g}, {args.iters} OC iterations per run, {trials} trial(s), "
            f"LAG_GROWTH {LAG_GROWTH}, LAG_CAP {LAG_CAP} "
-           f"(set-up {time.perf_counter() - t0:.1f} s)")
+           f"(set-up {time.perf_counter() - t0:.1f} s); start: {start}")
     if not args.no_warmup:
         for name in args.contenders:
-            run_once(topo, prob, opts[name], min(args.iters, 2))
+            run_once(topo, prob, opts[name], min(args.iters, 2), x0)
     runs = {k: [] for k in args.contenders}
     for t in range(trials):
         order = args.contenders if t % 2 == 0 else args.contenders[::-1]
         for name in order:
-            runs[name].append(run_once(topo, prob, opts[name], args.iters))
+            runs[name].append(run_once(topo, prob, opts[name], args.iters, x0))
             rprint(f"  trial {t + 1} {name:20s} {fmt_t(runs[name][-1]['solve'])} per OC iteration in solve+gradient")
     ref = runs["naive"][0]["history"] if "naive" in runs else None
     out = {}
@@ -164,7 +200,7 @@ def main():
                                                             for n in args.contenders if n != "naive"))
     rprint(f"\nhistories match naive to {args.match:g}: {'yes' if ok else 'NO'}")
     write_json(args.json, {"benchmark": "topopt", "nelx": args.nelx, "nely": args.nely, "iters": args.iters,
-                           "rmin": args.rmin, "elements": args.nelx * args.nely,
+                           "rmin": args.rmin, "elements": args.nelx * args.nely, "start": start,
                            "rtol": args.rtol, "ranks": SIZE, "trials": trials, "lag_growth": LAG_GROWTH,
                            "lag_cap": LAG_CAP,
                            "match": args.match, "histories_match": ok, "contenders": out})
