@@ -59,6 +59,10 @@ class SolveInfo:
     reuse decision ``{"mode", "rebuilt", "retried", "discarded_iterations"}`` (see
     :func:`slasolve.solve`); ``None`` otherwise. ``per_rhs``: for several right-hand
     sides solved column by column, each column's SolveInfo (this one merges them).
+    ``same_as_forward`` (an adjoint's SolveInfo only): the adjoint system was the forward
+    one (same symmetric operator and preconditioner, same right-hand side and initial
+    guess: e.g. the compliance ``f . u``), so the forward's solution was returned without
+    iterating again (``iterations`` 0; reason and residual are the forward's).
     ``method``/``pc`` name what actually ran (after ``petsc_options`` / command-line
     ``-ksp_type`` / ``-pc_type``): slasolve's name where there is one (``"bicgstab"``),
     else PETSc's (``"fgmres"``, ``"bjacobi"``); ``pc="callable"`` for a user function.
@@ -80,6 +84,7 @@ class SolveInfo:
     adjoint: "SolveInfo | None" = None
     pc_reuse: dict | None = None
     per_rhs: "list[SolveInfo] | None" = None
+    same_as_forward: bool = False
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:

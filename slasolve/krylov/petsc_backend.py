@@ -429,6 +429,13 @@ class PetscKrylov:
         """
         return self._run(self.ksp, dA, b, x0, False, **kw)
 
+    @property
+    def transpose_is_forward(self) -> bool:
+        """Local. True when :meth:`solve_transpose` runs the forward KSP on ``A`` itself
+        (CG, MINRES), so an adjoint solve with the forward's right-hand side and initial
+        guess repeats the forward solve."""
+        return self.method in _SYMMETRIC
+
     def _transpose_target(self, dA):
         """Collective. ``(ksp, transpose, reset_operators)`` for a solve with ``A^T``: the
         same KSP (CG/MINRES: ``A`` is symmetric; others: ``KSPSolveTranspose``) or the

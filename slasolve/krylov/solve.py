@@ -7,6 +7,7 @@ solver (and preconditioner), then ``dL/db = lam`` and
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import OrderedDict
 from numbers import Integral, Real
@@ -15,7 +16,9 @@ from typing import Callable, Optional, Tuple, Union
 import torch
 
 from .. import _log
-from .._comm import check_collective
+from mpi4py import MPI
+
+from .._comm import allreduce_int, check_collective
 from ..autograd import matvec_value_grad
 from .info import ConvergenceError, SolveInfo
 from .torch_methods import default_maxiter
@@ -239,6 +242,11 @@ class _AdjointSolve(torch.autograd.Function):
         out["info"] = info
         _raise_if_failed(info, opts["raise_on_fail"])
         ctx.dA, ctx.solver, ctx.opts, ctx.info = dA, solver, opts, info
+        # the system the backward may find it is asked to solve again (decided alike on every rank)
+        ctx.forward_system = None
+        if any(ctx.needs_input_grad[:2]) and getattr(solver, "transpose_is_forward", False) and info.converged \
+                and opts.get("pc_fn") is None and not (info.pc_reuse or {}).get("retried"):
+            ctx.forward_system = (b.detach().clone(), None if x0 is None else x0.detach().clone())
         ctx.save_for_backward(x)
         return x
 
@@ -260,17 +268,22 @@ class _AdjointSolve(torch.autograd.Function):
             solver, warm = ctx.solver, ctx.opts["warm"]
             g = g.contiguous()
             l0 = _previous(solver, "lam", g) if warm else None
-
-            def run(reuse, s=None, maxiter=None):
-                s = solver if s is None else s
-                k = kw if maxiter is None else dict(kw, maxiter=maxiter)
-                many = getattr(s, "solve_transpose_many", None)
-                return _columns(lambda gj, l0j: s.solve_transpose(ctx.dA, gj.contiguous(), x0=l0j,
-                                                                  reuse_pc=reuse, **k), g, l0,
-                                None if many is None else lambda G, L0: many(ctx.dA, G, x0=L0, reuse_pc=reuse,
-                                                                              **k))
-            lam, info = _with_reuse(solver, run, ctx.opts["reuse_pc"], False, ctx.opts["limit"],
-                                    ctx.opts.get("fallback"))
+            if _repeats_forward(ctx, g, l0):  # the forward's solve of this system, from this start
+                lam = x.detach().clone()
+                info = dataclasses.replace(ctx.info, iterations=0, residual_history=None, setup_time=0.0,
+                                           solve_time=0.0, times={}, adjoint=None, per_rhs=None,
+                                           same_as_forward=True)
+            else:
+                def run(reuse, s=None, maxiter=None):
+                    s = solver if s is None else s
+                    k = kw if maxiter is None else dict(kw, maxiter=maxiter)
+                    many = getattr(s, "solve_transpose_many", None)
+                    return _columns(lambda gj, l0j: s.solve_transpose(ctx.dA, gj.contiguous(), x0=l0j,
+                                                                      reuse_pc=reuse, **k), g, l0,
+                                    None if many is None else lambda G, L0: many(ctx.dA, G, x0=L0,
+                                                                                  reuse_pc=reuse, **k))
+                lam, info = _with_reuse(solver, run, ctx.opts["reuse_pc"], False, ctx.opts["limit"],
+                                        ctx.opts.get("fallback"))
             if warm:
                 _remember(solver, "lam", lam)
         info.times = times
@@ -280,6 +293,24 @@ class _AdjointSolve(torch.autograd.Function):
         gb = lam if ctx.needs_input_grad[1] else None
         gv = matvec_value_grad(ctx.dA, -lam, x) if ctx.needs_input_grad[0] else None
         return gv, gb, None, None, None, None, None
+
+
+def _repeats_forward(ctx, g, l0) -> bool:
+    """Collective. True on every rank when the adjoint solve ``A^T lam = g`` would repeat the
+    forward solve exactly: the backend solves it with the forward's KSP on ``A`` itself
+    (CG, MINRES: ``A`` is symmetric, ``transpose_is_forward``), the forward converged
+    without a retry, and on every rank ``g`` equals the forward's ``b`` and the adjoint's
+    initial guess the forward's (both zero, or equal ``x0="previous"`` iterates). The
+    compliance ``f . u`` of topology optimisation is such a case. One Allreduce."""
+    fwd = getattr(ctx, "forward_system", None)
+    if fwd is None:  # decided in the forward from global facts: the same on every rank
+        return False
+    b, x0 = fwd
+    same = g.shape == b.shape and g.dtype == b.dtype and torch.equal(g, b) and \
+        ((x0 is None and l0 is None) or (x0 is not None and l0 is not None and x0.shape == l0.shape
+                                         and torch.equal(x0, l0)))
+    comm = ctx.dA.comm
+    return bool(allreduce_int(comm, int(same), MPI.MIN)) if comm.Get_size() > 1 else same
 
 
 def _previous(solver, what, b):
