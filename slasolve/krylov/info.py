@@ -59,6 +59,8 @@ class SolveInfo:
     reuse decision ``{"mode", "rebuilt", "retried", "discarded_iterations"}`` (see
     :func:`slasolve.solve`); ``None`` otherwise. ``per_rhs``: for several right-hand
     sides solved column by column, each column's SolveInfo (this one merges them).
+    ``norm``: the residual norm the stopping test used, ``"unpreconditioned"`` or
+    ``"preconditioned"`` (``slasolve.solve`` fills it; ``""`` elsewhere).
     ``same_as_forward`` (an adjoint's SolveInfo only): the adjoint system was the forward
     one (same symmetric operator and preconditioner, same right-hand side and initial
     guess: e.g. the compliance ``f . u``), so the forward's solution was returned without
@@ -85,6 +87,7 @@ class SolveInfo:
     pc_reuse: dict | None = None
     per_rhs: "list[SolveInfo] | None" = None
     same_as_forward: bool = False
+    norm: str = ""
 
     def __post_init__(self) -> None:
         if self.reason not in REASONS:

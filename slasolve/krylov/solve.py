@@ -664,8 +664,7 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
             if "info" in out:
                 out["info"].times = times    # "total" is added when the block ends
     info = out["info"]
-    if hasattr(solver, "norm"):
-        info.norm = solver.norm
+    info.norm = getattr(solver, "norm", "")
     return (x, info) if return_info else x
 
 
