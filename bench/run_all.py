@@ -59,13 +59,15 @@ def jobs(quick: bool):
         J.append((f"optloop_n{n}", "optloop.py", mpirun(n), q, 420, False))
     for n in (1, 2):  # preconditioner reuse in the topology optimisation loop: 120x40, then 1M elements
         J.append((f"topopt_120x40_n{n}", "topopt.py", mpirun(n), q + ["--iters", "20", "--trials", "3",
-                  "--contenders", "naive", "pc", "lagged", "interpolation", "lagged+warm"], 420, False))
+                  "--contenders", "naive", "naive-2solves", "pc", "lagged", "interpolation", "lagged+warm"], 420,
+                  False))
         # 1M elements (2M dofs, ~12 GB in all): one trial, 4 OC iterations from a mid-optimisation design
         # (30 OC iterations on the 200 x 50 mesh, prolonged: the uniform start's first steps move every density)
         J.append((f"topopt_1M_n{n}", "topopt.py", mpirun(n),
                   ["--quick"] if quick else ["--nelx", "2000", "--nely", "500", "--rmin", "3", "--iters", "4",
                                              "--trials", "1", "--no-warmup", "--start-coarse", "10",
-                                             "--contenders", "naive", "lagged", "interpolation"],
+                                             "--contenders", "naive", "naive-2solves", "lagged",
+                                             "interpolation"],
                   3000, False))
     J.append(("scaling_projection", "scaling_projection.py", mpirun(2), q, 600, False))
     # the optimisation-loop iteration projected to 8-128 ranks (launches its own 2-rank job)
@@ -518,7 +520,10 @@ def report(R, quick, total_s, made):
         A("## Preconditioner reuse in an optimisation loop (`bench/topopt.py`)\n")
         A("`examples/topology_optimisation.py` (SIMP MBB beam, CG + GAMG) for the same OC iterations per contender, "
           "contenders alternated: `naive` rebuilds GAMG every iteration (`reuse_pc=False`, the default; a plain "
-          "PETSc loop refilling the matrix does the same), `pc` keeps it (`reuse_pc=True`), `lagged` keeps it "
+          "PETSc loop refilling the matrix does the same) and its backward takes the forward's answer for the "
+          "self-adjoint compliance (`info.adjoint.same_as_forward`); `naive-2solves` is `naive` with that "
+          "shortcut disabled (the adjoint solved again, as a raw PETSc loop and slasolve before it did: "
+          "bitwise the same history); `pc` keeps it (`reuse_pc=True`), `lagged` keeps it "
           "until the iterations grow by `LAG_GROWTH`, `interpolation` keeps GAMG's prolongators, `+warm` adds "
           "`x0=\"previous\"`. Time per OC iteration of the compliance and its gradient (assembly, solve, adjoint; "
           "slowest rank, median of the trials; and its CPU time, which a loaded machine disturbs far less), "
