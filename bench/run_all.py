@@ -804,7 +804,7 @@ def report(R, quick, total_s, made):
           "`bench/mpi_counts.c`, PETSc's calls included), whose difference is the communication slasolve adds. "
           "**Modelled:** that extra communication at P ranks (each extra collective `ceil(log2 P)` latency "
           "steps, each extra send one more halo exchange with all RCB neighbours: pessimistic), with the "
-          "interconnect above. `ratio bound` = (slasolve local + extra) / raw local: the communication both "
+          "interconnect above. `ratio bound` = local ratio + extra / raw local: the communication both "
           "share (Krylov and GAMG, the same PETSc calls) is left out of both, which can only raise the ratio, "
           "so it bounds the projected slasolve / raw ratio from above.\n")
         c = d.get("counts")

@@ -48,7 +48,8 @@ import slasolve  # noqa: E402
 from slasolve.krylov.solve import LAG_CAP, LAG_GROWTH  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONTENDERS = {"naive": (False, False), "naive-2solves": (False, False), "pc": (True, False), "lagged": ("lagged", False),
+CONTENDERS = {"naive": (False, False), "naive-2solves": (False, False), "pc": (True, False),
+              "lagged": ("lagged", False),
               "interpolation": ("interpolation", False), "naive+warm": (False, True),
               "lagged+warm": ("lagged", True), "interpolation+warm": ("interpolation", True)}
 
