@@ -87,6 +87,18 @@ def poisson3d_rows(n: int, rstart: int, rend: int):
     return indptr, cand[ok], vals[ok].astype(np.float64)
 
 
+def poisson3d_block(n: int, rows: int):
+    """CSR of the first ``rows`` rows and columns of the ``n^3`` 3-D Poisson matrix (the
+    diagonal block one rank would hold; the columns outside it dropped, a Dirichlet cut:
+    still SPD), as ``(indptr, indices, values)``."""
+    ip, ix, v = poisson3d_rows(n, 0, rows)
+    keep = ix < rows
+    r = np.repeat(np.arange(rows), np.diff(ip))[keep]
+    indptr = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(np.bincount(r, minlength=rows), out=indptr[1:])
+    return indptr, ix[keep], v[keep]
+
+
 def poisson2d_scipy(nx: int):
     """The whole 2-D Poisson matrix as scipy CSR (single-process baselines only)."""
     import scipy.sparse as sp

@@ -83,18 +83,13 @@ def _reset():
 def block_case(n: int, rows: int, comm):
     """Local (``comm`` = COMM_SELF). optloop's Case for the first ``rows`` rows of the 3-D
     Poisson matrix, columns outside the block dropped (a Dirichlet cut: still SPD)."""
-    import numpy as np
     import torch
     import optloop
-    from common import poisson3d_rows, rhs_local
+    from common import poisson3d_block, rhs_local
     from slasolve.dsparse import DSparseTensor
-    ip, ix, v = poisson3d_rows(n, 0, rows)
-    keep = ix < rows
-    r = np.repeat(np.arange(rows), np.diff(ip))[keep]
-    ip2 = np.zeros(rows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(r, minlength=rows), out=ip2[1:])
-    dA = DSparseTensor.from_local_rows(torch.from_numpy(ip2), torch.from_numpy(ix[keep]),
-                                       torch.from_numpy(v[keep]), (rows, rows), comm)
+    ip, ix, v = poisson3d_block(n, rows)
+    dA = DSparseTensor.from_local_rows(torch.from_numpy(ip), torch.from_numpy(ix), torch.from_numpy(v),
+                                       (rows, rows), comm)
     return optloop.Case("poisson3d_block", dA, rhs_local(rows, 0))
 
 

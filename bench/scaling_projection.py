@@ -60,7 +60,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 #: ``--memory`` launches its own mpirun jobs: MPI must stay uninitialised in this process
 MEMORY_MODE = __name__ == "__main__" and "--memory" in sys.argv[1:]
 if not MEMORY_MODE:
-    from common import COMM, RANK, SIZE, base_parser, poisson3d_rows, quiet_barrier, rprint, stats, write_json  # noqa: E402
+    from common import (COMM, RANK, SIZE, base_parser, poisson3d_block, poisson3d_rows, quiet_barrier,  # noqa: E402
+                        rprint, stats, write_json)
     from mpi4py import MPI  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -117,12 +118,7 @@ def local_compute(n: int, rows: int, iters: int, trials: int) -> dict:
     from petsc4py import PETSc
     from slasolve.dsparse import DSparseTensor
     from slasolve.krylov import solve
-    ip, ix, v = poisson3d_rows(n, 0, rows)
-    keep = ix < rows
-    r = np.repeat(np.arange(rows), np.diff(ip))[keep]
-    ip2 = np.zeros(rows + 1, dtype=np.int64)
-    np.cumsum(np.bincount(r, minlength=rows), out=ip2[1:])
-    ix2, v2 = ix[keep], v[keep]
+    ip2, ix2, v2 = poisson3d_block(n, rows)
     nnz = int(ix2.size)
     dA = DSparseTensor.from_local_rows(torch.from_numpy(ip2), torch.from_numpy(ix2), torch.from_numpy(v2),
                                        (rows, rows), MPI.COMM_SELF)
