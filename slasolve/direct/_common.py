@@ -15,8 +15,6 @@ def changed_anywhere(comm, snapshot: Optional[torch.Tensor], vals: torch.Tensor)
     (``torch.equal``: an O(nnz) read, never a tensor stamp; see ``slasolve.petsc``)."""
     mine = snapshot is None or not (snapshot.shape == vals.shape and snapshot.dtype == vals.dtype
                                     and snapshot.device == vals.device and torch.equal(snapshot, vals))
-    if comm.Get_size() == 1:
-        return mine
     from mpi4py import MPI
     from .._comm import allreduce_int
     return bool(allreduce_int(comm, int(mine), MPI.MAX))

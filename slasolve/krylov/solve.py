@@ -14,10 +14,9 @@ from numbers import Integral, Real
 from typing import Callable, Optional, Tuple, Union
 
 import torch
-
-from .. import _log
 from mpi4py import MPI
 
+from .. import _log
 from .._comm import allreduce_int, check_collective
 from ..autograd import matvec_value_grad
 from .info import ConvergenceError, SolveInfo
@@ -309,8 +308,7 @@ def _repeats_forward(ctx, g, l0) -> bool:
     same = g.shape == b.shape and g.dtype == b.dtype and torch.equal(g, b) and \
         ((x0 is None and l0 is None) or (x0 is not None and l0 is not None and x0.shape == l0.shape
                                          and torch.equal(x0, l0)))
-    comm = ctx.dA.comm
-    return bool(allreduce_int(comm, int(same), MPI.MIN)) if comm.Get_size() > 1 else same
+    return bool(allreduce_int(ctx.dA.comm, int(same), MPI.MIN))
 
 
 def _previous(solver, what, b):
