@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: serial, then under mpirun -n 2 and -n 4 (tests marked mpi) and
+# The whole test suite: serial, the eigen and SciPy-suite tests again under other BLAS kernels
+# (SLASOLVE_SKIP_KERNELS=1 skips it), then under mpirun -n 2 and -n 4 (tests marked mpi) and
 # mpirun -n 3 (the property tests, so they run at 1, 2, 3 and 4 ranks), then the property
 # tests at 8 ranks oversubscribed (SLASOLVE_SKIP_SCALE=1 skips it; SLASOLVE_SCALE_RANKS="16 32"
 # adds more rank counts), each under a timeout.
@@ -32,6 +33,20 @@ fi
 status=0
 echo "== serial (1 process, MPI tests at size 1)"
 timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider ${args[@]+"${args[@]}"} || status=1
+# the eigensolver and SciPy-suite tests again under other BLAS/LAPACK kernels and thread counts
+# than the machine's own, so a result that holds only on this CPU's kernels fails here, not on the
+# next machine (SLASOLVE_SKIP_KERNELS=1 skips it): OpenBLAS (NumPy, SciPy, PETSc) forced to the
+# Sandybridge kernels (no FMA; Nehalem where the machine is a Sandybridge), torch's MKL limited
+# to AVX, ATen's vectorised kernels (torch reductions' summation order) to the scalar build
+if [ "${SLASOLVE_SKIP_KERNELS:-0}" = "0" ]; then
+  core=$(OPENBLAS_VERBOSE=2 "$PYTHON" -c "import numpy" 2>&1 | sed -n 's/^Core: //p')
+  alt=Sandybridge; [ "$core" = "Sandybridge" ] && alt=Nehalem
+  echo "== eigen and SciPy-suite tests, other kernels (OpenBLAS $alt, machine's ${core:-unknown}; MKL AVX; ATen default; 2 threads)"
+  OPENBLAS_CORETYPE=$alt MKL_ENABLE_INSTRUCTIONS=AVX ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=2 \
+    timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider \
+    tests/scipy_suite tests/test_eigsh.py tests/test_torch_eigen.py tests/test_property_eigsh.py \
+    tests/test_linalg_scipy.py ${args[@]+"${args[@]}"} || status=1
+fi
 # run_mpi N MARKS WHAT: the marked tests on N ranks under the timeout; a failure dumps the other ranks' logs
 run_mpi() {
   echo "== mpirun -n $1 ($3)"

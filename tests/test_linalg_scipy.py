@@ -107,6 +107,21 @@ def test_gmres_pr_norm_callback_is_relative_residual():
     assert vals[-1] <= 1e-8 * 1.01 and vals[0] < 1.0
 
 
+def test_gmres_callback_scipy_case():
+    """SciPy's TestGMRES.test_callback: the same first (unpreconditioned) half; with a
+    preconditioner slasolve's right-preconditioned GMRES reports the true relative
+    residual, where SciPy's left-preconditioned one reports ||M r|| / ||b||."""
+    A = sp.diags([1.0, -2.0, 1.0], [-1, 0, 1], shape=(6, 6), format="csr")
+    b = np.ones(6)
+    ref = []
+    ssl.gmres(A, b, x0=np.zeros(6), tol=1e-16, atol=0, maxiter=1, callback=ref.append, callback_type="legacy")
+    assert ref[0] == pytest.approx(0.81649658092772603, rel=1e-10)   # SciPy 1.0.0's value
+    for M in (None, 1e-3 * np.eye(6)):   # the same Krylov space: the same true residual
+        vals = []
+        call("gmres", A, b, x0=np.zeros(6), tol=1e-16, maxiter=1, M=M, callback=vals.append)
+        assert vals[0] == pytest.approx(ref[0], rel=1e-10)
+
+
 def test_rtol_keyword_is_scipy_112_semantics():
     A, b = poisson(), np.arange(30.0)
     with warnings.catch_warnings():

@@ -47,6 +47,9 @@ class EigenInfo:
         there) confirmed that the ``k`` eigenvalues are the wanted ones counted
         with multiplicity, False when it failed or did not run (unconverged);
         None for the bare kernels of :mod:`slasolve.eigen.torch_methods`.
+    refine_rounds:
+        :func:`slasolve.eigsh`: Rayleigh-Ritz refinement steps kept after the solve
+        because the explicit residuals exceeded ``tol`` (0: none needed).
     verify_rounds, verify_time:
         Number of deflated verification solves, and their seconds (included in
         ``solve_time``).
@@ -55,7 +58,8 @@ class EigenInfo:
         of the others: ``"check"`` (argument and symmetry checks, start vector),
         ``"setup"`` (EPS / preconditioner / shift-invert set-up, PETSc Mat creation),
         ``"refill"`` (values into the cached PETSc Mats), ``"solve"`` (the first
-        eigensolve), ``"verify"`` (the multiplicity verification), ``"post"``
+        eigensolve), ``"refine"`` (the refinement steps and the residual check that
+        decides them), ``"verify"`` (the multiplicity verification), ``"post"``
         (M-orthonormalisation, signs, explicit residuals), ``"halo"`` (halo
         exchanges outside those phases) and ``"total"`` (the whole call; the phases
         add up to at most it). A backward pass through the eigenpairs adds
@@ -72,6 +76,7 @@ class EigenInfo:
     solve_time: float = 0.0
     matvecs: int = 0
     verified: Optional[bool] = None
+    refine_rounds: int = 0
     verify_rounds: int = 0
     verify_time: float = 0.0
     times: dict = field(default_factory=dict)

@@ -158,6 +158,27 @@ class SlepcSession:
         self._vecs.append(v)
         return v
 
+    def st_solve(self, R):
+        """Collective. The columns of ``R`` through the spectral transformation's linear
+        solver (``M^{-1}`` for a generalized problem with the shift ST, ``(A - sigma
+        M)^{-1}`` with shift-invert); None when this EPS has no such solve (standard
+        problem without shift-invert, or an ST set by the user's options)."""
+        st = self.eps.getST()
+        if self.st_type not in ("shift", "sinvert") or (self.Mm is None and self.st_type == "shift"):
+            return None
+        ksp = st.getKSP()
+        x, y = self.Am.createVecs()
+        try:
+            cols = []
+            for j in range(R.shape[1]):
+                x.getArray()[:] = R[:, j].detach().to(device="cpu", dtype=torch.float64).numpy()
+                ksp.solve(x, y)
+                cols.append(vec_to_tensor(y, copy=True))
+        finally:
+            x.destroy()
+            y.destroy()
+        return torch.stack(cols, 1).to(dtype=R.dtype, device=R.device)
+
     def solve(self, nev, v0, deflate=None):
         """Collective. Solve for ``nev`` wanted pairs from start vector ``v0``; with
         ``deflate`` (a ``(n_local, d)`` block of M-orthonormal eigenvectors) SLEPc

@@ -100,7 +100,7 @@ def minres_module(comm=None):
 
 
 # ------------------------------------------------------------------------------------------------
-# the items: (id, runner name, args, exclusion reason or None, xfail reason or None)
+# the items: (id, runner name, args, exclusion reason or None)
 
 def _case_complex(case) -> bool:
     return np.iscomplexobj(case.A) or (hasattr(case.A, "dtype") and np.dtype(case.A.dtype).kind == "c")
@@ -112,8 +112,8 @@ def iterative_items():
     items = []
     solver_names = [s.__name__ for s in mod.params.solvers]
 
-    def add(test, args, excl=None, xfail=None, ident=None):
-        items.append((ident or f"{test}[{'-'.join(str(a) for a in args)}]", test, args, excl, xfail))
+    def add(test, args, excl=None, ident=None):
+        items.append((ident or f"{test}[{'-'.join(str(a) for a in args)}]", test, args, excl))
 
     # SciPy's loops over params.cases x params.solvers (same skips as SciPy's loops)
     for test, uses_nonconv in (("test_maxiter", True), ("test_convergence", False),
@@ -150,18 +150,17 @@ def iterative_items():
               "test_defective_matrix_breakdown", "test_callback_type", "test_callback_x_monotonic",
               "test_restrt_dep"):
         excl = R_COMPLEX if m == "test_abi" else None
-        xfail = None
         if m == "test_callback":
-            xfail = ("known difference: slasolve's GMRES is right-preconditioned; the pr_norm/legacy "
-                     "callback reports ||b - A x||/||b||, SciPy's left-preconditioned GMRES ||M r||/||b|| "
-                     "(the unpreconditioned half of this test passes)")
-        add(f"TestGMRES.{m}", (), excl, xfail)
+            excl = ("known difference: slasolve's GMRES is right-preconditioned; the pr_norm/legacy callback "
+                    "reports ||b - A x||/||b||, SciPy's left-preconditioned GMRES ||M r||/||b||; both halves "
+                    "are checked in tests/test_linalg_scipy.py::test_gmres_callback_scipy_case")
+        add(f"TestGMRES.{m}", (), excl)
     return items
 
 
 def minres_items():
     mod = minres_module(None)
-    return [(f"test_minres.{n}", n, (), None, None) for n in sorted(dir(mod))
+    return [(f"test_minres.{n}", n, (), None) for n in sorted(dir(mod))
             if n.startswith("test_") and callable(getattr(mod, n))]
 
 
@@ -207,12 +206,10 @@ def run_minres(name, comm):
 
 def as_params(items):
     out = []
-    for ident, test, args, excl, xfail in items:
+    for ident, test, args, excl in items:
         marks = []
         if excl is not None:
             marks.append(pytest.mark.skip(reason=f"excluded: {excl}"))
-        if xfail is not None:
-            marks.append(pytest.mark.xfail(reason=xfail, strict=True))
         out.append(pytest.param(test, args, marks=marks, id=ident.replace(" ", "_")))
     return out
 
@@ -244,7 +241,7 @@ def linsolve_items():
                 excl = R_INTERNAL + " (_superlu.gssv)"
             elif m == "test_bug_8278":
                 excl = R_SLOW
-            items.append((f"{cls}.{m}", f"{cls}.{m}", (), excl, None))
+            items.append((f"{cls}.{m}", f"{cls}.{m}", (), excl))
     return items
 
 
@@ -277,9 +274,6 @@ def run_linsolve(name, comm):
 R_EIGS = "uses eigs (nonsymmetric ARPACK), not provided by slasolve.linalg"
 R_LINOP_EIG = "matrix-free eigsh (LinearOperator A) is not provided: slasolve.linalg.eigsh raises TypeError"
 R_MODE = "mode='buckling'/'cayley' not provided (shift-invert mode='normal' only): ValueError"
-XF_GEN_ACCURACY = ("known difference: generalized smallest eigenpairs (M condition number 600) from SLEPc "
-                   "(plus one Rayleigh-Ritz step) have ||A v - w M v|| ~5e-12; SciPy's test demands 4.4e-13 "
-                   "(ARPACK with an exact LU of M reaches 1e-14)")
 R_SIGMA_WHICH = "sigma with which != 'LM' not provided (slasolve: the eigenvalues nearest sigma): ValueError"
 
 
@@ -310,13 +304,9 @@ def arpack_items():
                                 excl = R_MODE
                             elif sigma is not None and which != "LM":
                                 excl = R_SIGMA_WHICH
-                            xfail = None
-                            if (excl is None and D.name == "gen-symmetric" and typ == "d" and sigma is None
-                                    and which in ("SM", "SA", "BE") and BACKEND in (None, "slepc")):
-                                xfail = XF_GEN_ACCURACY
                             ident = f"test_symmetric_modes[{D.name}-{typ}-{which}-{mattype.__name__}-{sigma}-{mode}]"
                             items.append((ident, "test_symmetric_modes", (di, typ, which, mattype.__name__,
-                                                                          sigma, mode), excl, xfail))
+                                                                          sigma, mode), excl))
     for name in ("test_hermitian_modes", "test_symmetric_starting_vector", "test_symmetric_no_convergence",
                  "test_real_nonsymmetric_modes", "test_complex_nonsymmetric_modes",
                  "test_standard_nonsymmetric_starting_vector", "test_general_nonsymmetric_starting_vector",
@@ -333,7 +323,7 @@ def arpack_items():
                 or name in ("test_eigen_bad_shapes", "test_eigen_bad_kwargs", "test_ticket_1459_arpack_crash",
                             "test_regression_arpackng_1315"):
             excl = R_EIGS
-        items.append((name, name, (), excl, None))
+        items.append((name, name, (), excl))
     return items
 
 
