@@ -10,7 +10,61 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["matvec_value_grad", "global_sum"]
+from ._comm import check_collective
+
+__all__ = ["matvec_value_grad", "global_sum", "saved_tensors", "symmetry_defect"]
+
+#: a relative defect above this (see :func:`symmetry_defect`) counts as a nonsymmetric matrix:
+#: far above the rounding of the two products and reductions (~sqrt(n) eps), far below the
+#: asymmetries that matter (a gradient is wrong by about the defect)
+SYMMETRY_RTOL = 1e-10
+
+
+def symmetry_defect(dA) -> float:
+    """Collective. A randomized estimate of how far ``A`` is from symmetric:
+    ``|y.(A x) - x.(A y)| / (||A x|| ||y|| + ||A y|| ||x||)`` for two fixed pseudo-random
+    vectors that depend only on the global row index (the same value at every rank
+    count, up to rounding). 0 for a symmetric matrix up to rounding; one product with
+    two columns and one reduction."""
+    from ._comm import allreduce_sum
+    r0, r1 = dA.row_range
+    gid = torch.arange(r0, r1, dtype=torch.float64)
+    X = torch.stack([torch.frac(torch.sin(gid * 12.9898 + s) * 43758.5453) - 0.5 for s in (0.0, 1.0)], 1)
+    X = X.to(dtype=dA.dtype, device=dA.device)
+    with torch.no_grad():
+        AX = dA.detach() @ X
+    x, y, ax, ay = X[:, 0], X[:, 1], AX[:, 0], AX[:, 1]
+    s = allreduce_sum(dA.comm, torch.stack([(y * ax).sum(), (x * ay).sum(), (ax * ax).sum(), (ay * ay).sum(),
+                                            (x * x).sum(), (y * y).sum()]).to(torch.float64).cpu())
+    s = s.tolist()
+    scale = (s[2] * s[5]) ** 0.5 + (s[3] * s[4]) ** 0.5
+    return abs(s[0] - s[1]) / scale if scale > 0 else 0.0
+
+
+def looks_symmetric(dA) -> bool:
+    """Collective. :func:`symmetry_defect` below ``max(SYMMETRY_RTOL, 1000 eps)`` of ``A``'s dtype
+    (the same decision on every rank: it is made from reduced numbers)."""
+    return symmetry_defect(dA) <= max(SYMMETRY_RTOL, 1000 * torch.finfo(dA.dtype).eps)
+
+
+def saved_tensors(ctx, comm, what: str) -> tuple:
+    """Collective. ``ctx.saved_tensors`` of an autograd Function, checked on every rank.
+
+    PyTorch raises ``RuntimeError`` when a tensor saved for the backward (an operator's
+    values, a solution, a right-hand side) was modified in place after the forward; on
+    one rank alone that would leave the others waiting in the adjoint's collectives. The
+    outcome is combined (one small Allreduce) and every rank raises the same error.
+    """
+    err = out = None
+    try:
+        out = ctx.saved_tensors
+    except RuntimeError as e:
+        err = RuntimeError(f"{what}: a tensor the backward needs (the operator's values or the forward's "
+                           f"inputs/outputs) was modified by an inplace operation after the forward; the "
+                           f"gradient would mix the old and new values. Clone it before changing it, or "
+                           f"call backward first. PyTorch: {e}")
+    check_collective(comm, err)
+    return out
 
 
 def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

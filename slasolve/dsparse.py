@@ -21,6 +21,7 @@ import torch
 from mpi4py import MPI
 
 from ._comm import allreduce_int, check_collective, get_comm
+from .autograd import saved_tensors
 from .halo import HaloPlan
 from .placement import DSparseSpec, Placement, Replicated, Shard, SparseShard, row_shard
 from .sparse import Pattern, SparseTensor, _csr_mv, _csr_value_grad
@@ -390,7 +391,7 @@ class _RowShardMatVec(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         L = ctx.layout
-        values, x, xg = ctx.saved_tensors
+        values, x, xg = saved_tensors(ctx, L.comm, "backward of a DSparseTensor product")
         g = g.contiguous()
         gx = _reverse_product(L, values.detach(), g) if ctx.needs_input_grad[1] else None
         gv = _values_grad(L, values, g, x, xg) if ctx.needs_input_grad[0] else None
@@ -410,7 +411,7 @@ class _RowShardRMatVec(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         L = ctx.layout
-        values, y = ctx.saved_tensors
+        values, y = saved_tensors(ctx, L.comm, "backward of a DSparseTensor transposed product")
         g = g.contiguous()
         if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
             return None, None, None

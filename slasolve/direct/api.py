@@ -12,7 +12,7 @@ import torch
 
 from .. import _log
 from .._comm import check_collective
-from ..autograd import matvec_value_grad
+from ..autograd import matvec_value_grad, saved_tensors
 from ..krylov.info import SolveInfo
 from .info import FactorizationError, FactorizationInfo, failed_info
 
@@ -189,7 +189,7 @@ class _DirectSolve(torch.autograd.Function):
         if torch.is_grad_enabled():
             raise RuntimeError("slasolve.spsolve is differentiable once: second derivatives through a "
                                "direct solve are not implemented (backward with create_graph=True)")
-        x, _ = ctx.saved_tensors
+        x, _ = saved_tensors(ctx, ctx.dA.comm, "backward of slasolve.spsolve")
         # ONE solve with the transposed operator and the same factors (refactorised only
         # if A's values were changed in place since the forward)
         lam = _checked_solve(ctx.fac, ctx.dA, g.contiguous(), not ctx.transpose)

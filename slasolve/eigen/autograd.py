@@ -69,7 +69,7 @@ import torch
 
 from .. import _log
 from .._comm import allreduce_sum, check_collective
-from ..autograd import matvec_value_grad
+from ..autograd import matvec_value_grad, saved_tensors
 from .info import EigenConvergenceError
 
 __all__ = ["EigshFunction", "DEGENERATE_RTOL"]
@@ -97,7 +97,7 @@ class EigshFunction(torch.autograd.Function):
     def forward(ctx, valsA, valsM, w, V, state):
         ctx.state = state
         ctx.has_M = valsM is not None
-        ctx.save_for_backward(w, V)
+        ctx.save_for_backward(w, V, valsA, valsM)
         return w.clone(), V.clone()
 
     @staticmethod
@@ -112,7 +112,7 @@ class EigshFunction(torch.autograd.Function):
                 "eigsh backward: second derivatives (create_graph=True) through eigsh are not "
                 "implemented; the result would silently miss the eigenvalue/eigenvector Hessian")
         st = ctx.state
-        w, V = ctx.saved_tensors
+        w, V, _, _ = saved_tensors(ctx, st.dA.comm, "backward of slasolve.eigsh")
         with torch.no_grad(), _log.collect() as times:
             gA, gM = _eig_value_grads(st, w, V, gw, gV, ctx.needs_input_grad[0],
                                       ctx.has_M and ctx.needs_input_grad[1])

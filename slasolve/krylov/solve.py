@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from .. import _log
 from .._comm import allreduce_int, check_collective
-from ..autograd import matvec_value_grad
+from ..autograd import looks_symmetric, matvec_value_grad, saved_tensors
 from .info import ConvergenceError, SolveInfo
 from .torch_methods import default_maxiter
 from ..sparse import SparseTensor
@@ -41,6 +41,8 @@ def default_backend() -> str:
 
 #: KSPs / native solvers kept per operator layout (least recently used evicted first)
 SOLVER_CACHE_SIZE = 8
+#: methods whose adjoint solve is the forward solve when A is symmetric (checked in the backward)
+_SYMMETRIC_METHODS = ("cg", "minres")
 
 #: ``reuse_pc`` modes besides ``False`` / ``True``
 REUSE_MODES = ("lagged", "interpolation")
@@ -219,7 +221,7 @@ def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None):
 
 
 # solve options that are not keyword arguments of the backends' solve methods
-_NOT_SOLVER_KW = ("raise_on_fail", "pc_fn", "reuse_pc", "warm", "fallback", "limit")
+_NOT_SOLVER_KW = ("raise_on_fail", "pc_fn", "reuse_pc", "warm", "fallback", "limit", "transpose_solver")
 
 
 class _AdjointSolve(torch.autograd.Function):
@@ -246,7 +248,8 @@ class _AdjointSolve(torch.autograd.Function):
         if any(ctx.needs_input_grad[:2]) and getattr(solver, "transpose_is_forward", False) and info.converged \
                 and opts.get("pc_fn") is None and not (info.pc_reuse or {}).get("retried"):
             ctx.forward_system = (b.detach().clone(), None if x0 is None else x0.detach().clone())
-        ctx.save_for_backward(x)
+        # values saved too: changed in place before the backward they raise (on every rank)
+        ctx.save_for_backward(x, values)
         return x
 
     @staticmethod
@@ -258,7 +261,7 @@ class _AdjointSolve(torch.autograd.Function):
             # autograd.grad(..., inputs) (Hessian-vector products), so raise now.
             raise RuntimeError("slasolve.solve is differentiable once: second derivatives through a "
                                "solve are not implemented (backward with create_graph=True)")
-        (x,) = ctx.saved_tensors
+        x, _ = saved_tensors(ctx, ctx.dA.comm, "backward of slasolve.solve")
         if ctx.opts.get("pc_fn") is not None:  # the cached solver may have another callable now
             ctx.solver.set_callable(ctx.opts["pc_fn"])
         kw = {k: v for k, v in ctx.opts.items() if k not in _NOT_SOLVER_KW}
@@ -267,7 +270,13 @@ class _AdjointSolve(torch.autograd.Function):
             solver, warm = ctx.solver, ctx.opts["warm"]
             g = g.contiguous()
             l0 = _previous(solver, "lam", g) if warm else None
-            if _repeats_forward(ctx, g, l0):  # the forward's solve of this system, from this start
+            transposed = "transpose_solver" in ctx.opts and not looks_symmetric(ctx.dA)
+            if transposed:
+                # CG/MINRES converged on a matrix that is not symmetric (e.g. Dirichlet rows
+                # eliminated on one side only): A^{-1} g would be the wrong adjoint. Solve
+                # A^T lam = g with GMRES and the same preconditioner instead.
+                solver, warm, l0 = ctx.opts["transpose_solver"](), False, None
+            if not transposed and _repeats_forward(ctx, g, l0):  # the forward's solve of this system, from this start
                 lam = x.detach().clone()
                 info = dataclasses.replace(ctx.info, iterations=0, residual_history=None, setup_time=0.0,
                                            solve_time=0.0, times={}, adjoint=None, per_rhs=None,
@@ -281,8 +290,8 @@ class _AdjointSolve(torch.autograd.Function):
                                                                       reuse_pc=reuse, **k), g, l0,
                                     None if many is None else lambda G, L0: many(ctx.dA, G, x0=L0,
                                                                                   reuse_pc=reuse, **k))
-                lam, info = _with_reuse(solver, run, ctx.opts["reuse_pc"], False, ctx.opts["limit"],
-                                        ctx.opts.get("fallback"))
+                lam, info = _with_reuse(solver, run, ctx.opts["reuse_pc"] if not transposed else False, False,
+                                        ctx.opts["limit"], None if transposed else ctx.opts.get("fallback"))
             if warm:
                 _remember(solver, "lam", lam)
         info.times = times
@@ -653,6 +662,9 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
             x0 = None  # the previous solution, looked up in _AdjointSolve
         if reuse_pc == "interpolation" and backend == "petsc":  # last resort: the default-mode KSP
             opts["fallback"] = lambda: _solver(dA, method, backend, pc, restart, options_prefix, petsc_options)
+        if method in _SYMMETRIC_METHODS:  # the adjoint of a matrix that turns out nonsymmetric
+            opts["transpose_solver"] = lambda: _solver(dA, "gmres", backend, pc, restart, options_prefix,
+                                                       petsc_options)
         if near_nullspace is not None and backend == "petsc":  # a hint only the petsc backend uses
             opts["near_nullspace"] = near_nullspace
         out: dict = {}

@@ -29,7 +29,7 @@ import torch
 from mpi4py import MPI
 from scipy.sparse.linalg import aslinearoperator
 
-from .._comm import allreduce_sum
+from .._comm import allreduce_sum, check_collective
 from ..dsparse import DSparseTensor, _split_offsets
 from ..sparse import SparseTensor
 
@@ -328,6 +328,38 @@ class System:
             else:
                 self.op = op
         self.M = None if self.M_spec is None else self._torch_op(self.M_spec)
+        if self.mode == "replicated":
+            for what, F in (("A", self.A_in), ("M", self.M_spec)):
+                if F is not None and not (sp.issparse(F) or isinstance(F, (np.ndarray, DSparseTensor))):
+                    self._check_same_operator(what, F)
+
+    def _check_same_operator(self, what: str, F) -> None:
+        """Collective (replicated mode). A LinearOperator / callable given on every rank
+        must be the same operator: its product with one agreed vector (a function of ``n``
+        only) is compared across ranks (one Allreduce of ``2 n`` numbers; matrices are
+        digest-checked instead). ValueError on every rank when it differs by more than
+        rounding."""
+        i = np.arange(self.n, dtype=np.float64)
+        z = (np.modf(np.sin(i * 12.9898 + 0.5) * 43758.5453)[0]).astype(self.char)
+        err = y = None
+        try:
+            y = self._apply_np(F, z).astype(np.float64)
+            if y.shape != (self.n,):
+                raise ValueError(f"{self.name}: {what}'s product returned shape {y.shape}, expected ({self.n},)")
+        except Exception as e:  # noqa: BLE001 - user code: re-raised on every rank
+            err = e
+        check_collective(self.comm, err)
+        y = np.where(np.isfinite(y), y, 0.0)   # non-finite products are the solver's to report
+        both = np.concatenate([y, -y])
+        self.comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
+        spread = both[:self.n] + both[self.n:]           # max - min per entry
+        scale = np.abs(both).max(initial=0.0)
+        if spread.max(initial=0.0) > 1e-10 * max(scale, 1e-300):
+            raise ValueError(f"{self.name}: {what} is a LinearOperator/callable given on every rank "
+                             f"(replicated mode), but it is not the same operator on every rank (its "
+                             f"products with one vector differ by up to {spread.max(initial=0.0):.3e} of "
+                             f"{scale:.3e}); pass the same operator everywhere, or local=True with each "
+                             "rank's rows")
 
     # ------------------------------------------------------------------ products
     def _apply_np(self, F, v: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ import torch
 
 from .. import _log
 from .._comm import allreduce_sum, check_collective, get_comm
+from ..autograd import saved_tensors
 from .info import NonlinearConvergenceError, NonlinearInfo
 from .problem import Problem
 
@@ -121,7 +122,8 @@ class _ImplicitFunction(torch.autograd.Function):
     def forward(ctx, u_star, ctl, *params):
         ctx.ctl = ctl
         ctx.params = params
-        ctx.save_for_backward(u_star)
+        # the tensor params saved too: changed in place before the backward they raise
+        ctx.save_for_backward(u_star, *(p for p in params if isinstance(p, torch.Tensor)))
         return u_star.clone()
 
     @staticmethod
@@ -130,8 +132,8 @@ class _ImplicitFunction(torch.autograd.Function):
             raise RuntimeError("slasolve.nonlinear_solve is differentiable once: second derivatives "
                                "through a nonlinear solve are not implemented (backward with "
                                "create_graph=True)")
-        (u,) = ctx.saved_tensors
         ctl = ctx.ctl
+        u = saved_tensors(ctx, ctl["comm"], "backward of slasolve.nonlinear_solve")[0]
         if ctl["failed"] is not None:  # the same on every rank (decided from global norms)
             raise RuntimeError(f"nonlinear_solve did not converge ({ctl['failed']}): the implicit-function "
                                "gradient of its result is undefined (raise_on_fail=False returned it)")
