@@ -174,8 +174,17 @@ def test_dirichlet_elimination(cell, n, vector):
     Aref, bref = reference_dirichlet(R, bg, D, g)
     G = gather_matrix(Abc)
     assert_close_sparse(G, Aref)
-    assert abs(G - G.T).max() < 1e-14
-    np.testing.assert_allclose(gather_vec(bbc), bref, rtol=1e-12, atol=1e-14)
+    # K_ij and K_ji are the same sum over <= 8 cells of <= 8-point quadrature sums, formed in
+    # another product order (batched matmul): |K - K^T| <= ~2 * 8 * (8 + 3) eps max|K| < 4e-14 max|K|
+    # on any BLAS (the elimination itself only copies and zeroes entries)
+    assert abs(G - G.T).max() <= 1e-13 * abs(G).max()
+    # b_F - A_FD g cancels (vector case): each entry's rounding is <= gamma_(nnz+1) * (|b| + |A| |g|)
+    # (nnz <= 27 here) in both computations, so bound the difference by 1e-13 of that scale
+    gfull = np.zeros(R.shape[0])
+    gfull[D] = g
+    scale = np.abs(bg) + abs(R) @ np.abs(gfull)
+    got = gather_vec(bbc)
+    assert np.all(np.abs(got - bref) <= 1e-12 * np.abs(bref) + 1e-13 * scale), np.abs(got - bref).max()
     # diagonal="keep": b_D = A_DD g, rows/cols still eliminated
     bck = DirichletBC(V, dofs, gfun, diagonal="keep")
     Ak, bk = bck.apply(A, b)

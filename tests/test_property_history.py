@@ -91,10 +91,13 @@ def _mutate(dA, op):
     elif path == "with_values":
         dA = dA.with_values(new)
     elif path == "optim":
-        p = v.detach().clone().requires_grad_()
+        # the step lands exactly on ``new`` (0 - 1 * (-new)): the fresh operator must hold the same
+        # bits, since iteration counts and reasons are compared exactly (p - (p - new) can be an
+        # ulp off ``new``, and a count compared exactly may then flip where a residual sits at rtol)
+        p = torch.zeros_like(v.detach()).requires_grad_()
         dA = dA.with_values(p)
         opt = torch.optim.SGD([p], lr=1.0)
-        p.grad = (p.detach() - new)
+        p.grad = -new
         opt.step()
     return dA
 

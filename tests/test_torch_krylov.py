@@ -381,6 +381,8 @@ def test_mpi_row_split_matches_serial(method, prob, pc):
                                       M=make_pc(A, pc), record_history=True)
     x_all = np.concatenate(comm.allgather(x_loc.numpy()))
     assert info.converged and info_ser.converged
+    # exact: the runs differ only in summation order (reductions over ranks), and every residual
+    # of these histories is >= 8% away from rtol ||b|| while they agree to 1e-6 (checked below)
     assert info.iterations == info_ser.iterations
     # every rank took the same decisions from the same reduced scalars
     its = comm.allgather((info.iterations, info.reason, info.residual_norm))

@@ -74,7 +74,11 @@ def test_matvec_value_grad_matches_definition(b, k, skew):
     got = matvec_value_grad(dA, torch.from_numpy(g[r0:r1].copy()), torch.from_numpy(x[r0:r1].copy()))
     want = _expected(C, b, r0, g, x)
     assert tuple(got.shape) == tuple(dA.values.shape)
-    ok = np.allclose(got.numpy(), want, rtol=1e-14, atol=1e-14)
+    # with k columns each entry is a k-term sum that may cancel, summed in the kernel's order (SIMD
+    # width, torch vs NumPy): the two differ by <= 2 gamma_k sum_k |g x| = k eps sum_k |g x| (exact
+    # for one column); bound it relative to that sum, not to the (possibly cancelled) result
+    scale = _expected(C, b, r0, np.abs(g), np.abs(x))
+    ok = bool(np.all(np.abs(got.numpy() - want) <= 1e-14 * scale))
     assert all(COMM.allgather(ok))
 
 
