@@ -39,7 +39,7 @@ def _validate(A, b, *, backend, factorization, petsc_options, return_info, what=
     from mpi4py import MPI
     from ..dsparse import DSparseTensor
     from ..krylov.operator import as_row_shard
-    from ..krylov.solve import _check_operator, _check_rhs
+    from ..krylov.solve import _check_operator, _check_rhs, _needs_grad
     dA, err = None, None
     try:
         dA = as_row_shard(A)
@@ -77,7 +77,9 @@ def _validate(A, b, *, backend, factorization, petsc_options, return_info, what=
              "dtype": str(b.dtype) if isinstance(b, torch.Tensor) else None,
              "return_info": bool(return_info),
              "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
-             if isinstance(petsc_options, dict) else repr(petsc_options)}
+             if isinstance(petsc_options, dict) else repr(petsc_options),
+             "A's values require grad": _needs_grad(dA.values if dA is not None else None),
+             "b requires grad": _needs_grad(b)}
     check_collective(comm, err, agree=agree)
     return dA, path
 
@@ -300,7 +302,7 @@ class Factorization:
         """Collective. ``A^{-1} b`` (``A^{-T} b`` with ``transpose=True``)."""
         dA = self._dA
         err = None
-        from ..krylov.solve import _check_rhs
+        from ..krylov.solve import _check_rhs, _needs_grad
         err = _check_rhs(dA, b, None)
         if err is None and not bool(torch.isfinite(b).all()):
             err = ValueError("Factorization.solve: b has NaN or infinite entries")
@@ -309,7 +311,8 @@ class Factorization:
         check_collective(dA.comm, err, agree={
             "transpose": bool(transpose) if isinstance(transpose, bool) else repr(transpose),
             "b columns": (b.shape[1] if b.dim() == 2 else None) if isinstance(b, torch.Tensor) else None,
-            "dtype": str(b.dtype) if isinstance(b, torch.Tensor) else None})
+            "dtype": str(b.dtype) if isinstance(b, torch.Tensor) else None,
+            "A's values require grad": _needs_grad(dA.values), "b requires grad": _needs_grad(b)})
         return _DirectSolve.apply(dA.values, b, self._fac, dA, bool(transpose))
 
     __call__ = solve

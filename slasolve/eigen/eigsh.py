@@ -264,7 +264,10 @@ def _eigsh(A, k, M, which, sigma, v0, tol, maxiter, backend, method, ncv, pc, re
             raise_on_fail=raise_on_fail, check_input=check_input, petsc_options=petsc_options,
             options_prefix=options_prefix, st_solver=st_solver, grad_rtol=grad_rtol,
             grad_maxiter=grad_maxiter, degenerate_rtol=degenerate_rtol,
-            progress=_progress_every(progress)))
+            progress=_progress_every(progress),
+            # a graph on some ranks only would leave those ranks alone in the backward
+            A_values_require_grad=torch.is_grad_enabled() and dA.values.requires_grad,
+            M_values_require_grad=torch.is_grad_enabled() and dM is not None and dM.values.requires_grad))
     printer = _ProgressPrinter(comm, _progress_every(progress), k) if progress else None
 
     needs_grad = torch.is_grad_enabled() and (

@@ -334,6 +334,11 @@ def _remember(solver, what, x) -> None:
     solver.__dict__.setdefault("_previous", {})[what] = x.detach().clone()
 
 
+def _needs_grad(t) -> bool:
+    """Local. Whether ``t`` takes part in a backward of this call (grad mode on and it requires grad)."""
+    return isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled()
+
+
 def _is_int(v) -> bool:
     return isinstance(v, Integral) and not isinstance(v, bool)
 
@@ -471,7 +476,10 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
              (near_nullspace.shape[-1] if isinstance(near_nullspace, torch.Tensor) else "given"),
              "options_prefix": options_prefix,
              "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
-             if isinstance(petsc_options, dict) else repr(petsc_options)}
+             if isinstance(petsc_options, dict) else repr(petsc_options),
+             # a graph on some ranks only would leave those ranks alone in the backward's adjoint
+             "A's values require grad": _needs_grad(dA.values if dA is not None else None),
+             "b requires grad": _needs_grad(b)}
     check_collective(comm, err, agree=agree)
     return dA
 

@@ -299,6 +299,11 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
              "callback given": callback is not None, "options_prefix": options_prefix,
              "dtype": str(u0.dtype) if isinstance(u0, torch.Tensor) else None,
              "number of params": len(params),
+             # a graph on some ranks only would leave those ranks alone in the backward's adjoint
+             "params requiring grad": [i for i, p in enumerate(params) if torch.is_grad_enabled() and (
+                 (isinstance(p, torch.Tensor) and p.requires_grad) or
+                 (_is_dsparse(p) and p.values.requires_grad))],
+             "u0 requires grad": isinstance(u0, torch.Tensor) and u0.requires_grad and torch.is_grad_enabled(),
              "linear_solver": sorted((str(k), repr(v)) for k, v in linear_solver.items())
              if isinstance(linear_solver, dict) else repr(linear_solver),
              "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
