@@ -14,7 +14,7 @@ import torch
 from mpi4py import MPI
 
 __all__ = ["get_comm", "check_collective", "settings_digest", "allreduce_sum", "allreduce_max", "allreduce_int",
-           "exscan_sum"]
+           "exscan_sum", "user_code"]
 
 _ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError,
                 "FileNotFoundError": FileNotFoundError, "ImportError": ImportError}
@@ -82,13 +82,54 @@ def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=No
     first = next(r for r, m in enumerate(messages) if m is not None)
     kind, text = messages[first]
     if error is not None and first == comm.Get_rank():
-        raise error
+        raise _on_every_rank(error)
     exc_type = _ERROR_TYPES.get(kind)
     if exc_type is None:  # another built-in exception keeps its type; anything else: RuntimeError
         cand = getattr(builtins, kind, None)
         exc_type = cand if isinstance(cand, type) and issubclass(cand, Exception) else RuntimeError
     suffix = f" (on rank {first}; {failed} rank(s) failed)"
-    raise exc_type(text + suffix)
+    raise _on_every_rank(exc_type(text + suffix))
+
+
+def _on_every_rank(error: BaseException) -> BaseException:
+    """Local. Mark ``error`` as raised on every rank at this point (by :func:`check_collective`),
+    so an enclosing :func:`user_code` passes it on instead of combining it again."""
+    try:
+        error.raised_on_every_rank = True
+    except AttributeError:  # pragma: no cover - exception types without a __dict__
+        pass
+    return error
+
+
+def user_code(comm: MPI.Comm, fn, what: str = "user code"):
+    """Local (the returned function is Collective). ``fn`` wrapped for calls that every rank
+    makes at the same point of a distributed iteration (a Krylov callback, a callable
+    preconditioner, a ``LinearOperator``'s product, a nonlinear residual or Jacobian).
+
+    An exception raised by ``fn`` on some ranks would leave the others waiting in the
+    iteration's next reduction. After each call the outcome is combined (one integer
+    Allreduce, only on more than one rank): the rank where ``fn`` raised re-raises its
+    own exception, every other rank raises one of the same built-in type (else
+    ``RuntimeError``) with its message and the rank it came from, so all ranks leave
+    the solve together. ``None`` and one-rank communicators return ``fn`` unchanged.
+    """
+    if fn is None or comm.Get_size() == 1:
+        return fn
+
+    def call(*args, **kwargs):
+        err = out = None
+        try:
+            out = fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - user code: re-raised on every rank below
+            if getattr(e, "raised_on_every_rank", False):
+                raise      # already combined (a nested guard, a collective check): every rank raises
+            err = e
+        check_collective(comm, err)
+        return out
+
+    call.__wrapped__ = fn
+    call.__name__ = getattr(fn, "__name__", what)
+    return call
 
 
 def _as_numpy(t: torch.Tensor) -> np.ndarray:

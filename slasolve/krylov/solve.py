@@ -17,7 +17,7 @@ import torch
 from mpi4py import MPI
 
 from .. import _log
-from .._comm import allreduce_int, check_collective
+from .._comm import allreduce_int, check_collective, user_code
 from ..autograd import looks_symmetric, matvec_value_grad, saved_tensors
 from .info import ConvergenceError, SolveInfo
 from .torch_methods import default_maxiter
@@ -655,6 +655,10 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
                            options_prefix=options_prefix, return_info=return_info,
                            raise_on_fail=raise_on_fail, reuse_pc=reuse_pc, near_nullspace=near_nullspace)
         pc = M if M is not None else pc
+        # user code raising on some ranks only: every rank leaves the iteration together
+        callback = user_code(dA.comm, callback, "callback")
+        if callable(pc):
+            pc = user_code(dA.comm, pc, "preconditioner")
         if progress:
             callback = _progress_callback(dA.comm, 10 if progress is True else int(progress), callback)
         if reuse_pc == "interpolation" and backend != "petsc":

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .._comm import allreduce_sum, check_collective
+from .._comm import allreduce_sum, check_collective, user_code
 from ..dsparse import DSparseTensor
 from ..krylov import torch_methods
 from ._system import System
@@ -215,6 +215,7 @@ def _krylov(method, A, b, x0, tol, maxiter, M, callback, *, rtol, atol, has_atol
     except (TypeError, ValueError) as e:
         err = e
     check_collective(ccomm, err)
+    callback = user_code(ccomm, callback, "callback")   # a raise on one rank ends the solve everywhere
 
     b_t = sys_.local_rows(sys_.b_np)
     if isinstance(sys_.x0_np, str):  # 'Mb'

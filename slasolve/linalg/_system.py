@@ -29,7 +29,7 @@ import torch
 from mpi4py import MPI
 from scipy.sparse.linalg import aslinearoperator
 
-from .._comm import allreduce_sum, check_collective
+from .._comm import allreduce_sum, check_collective, user_code
 from ..dsparse import DSparseTensor, _split_offsets
 from ..sparse import SparseTensor
 
@@ -295,7 +295,7 @@ class System:
             self.r0, self.r1 = 0, self.n
         self.counts = comm.allgather(self.r1 - self.r0) if size > 1 else [self.n]
         if self.probe:  # a LinearOperator without dtype: SciPy's make_system probes A.matvec(b)
-            y = self._apply_np(self.A_in, self.b_np)
+            y = user_code(comm, self._apply_np, "operator")(self.A_in, self.b_np)
             if _is_complex_dtype(y.dtype):
                 raise _complex_error("A (its products)", y.dtype)
             self.char = result_char(y.dtype.char, self.b_np.dtype.char)
@@ -376,13 +376,16 @@ class System:
         dtype = self.dtype
         if isinstance(F, DSparseTensor):
             return lambda x: F.matvec(x)
+        apply_np = self._apply_np
+        if not (sp.issparse(F) or isinstance(F, np.ndarray)):  # user code: a raise on one rank ends it everywhere
+            apply_np = user_code(self.comm, self._apply_np, "operator")
         if sp.issparse(F) and self.mode != "rows":
             F = aslinearoperator(F)
         if isinstance(F, np.ndarray) and self.mode != "rows":
             F = aslinearoperator(F)
 
         def local(x) -> torch.Tensor:
-            y = self._apply_np(F, x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x)
+            y = apply_np(F, x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else x)
             if _is_complex_dtype(y.dtype):
                 raise _complex_error("operator output", y.dtype)
             return torch.as_tensor(y, dtype=dtype)

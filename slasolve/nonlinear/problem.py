@@ -35,12 +35,16 @@ class Problem:
         self._pattern = None  # (layout, indptr, indices) of the first Jacobian
 
     def residual(self, u: torch.Tensor, *, check: bool = True) -> torch.Tensor:
-        """Collective. ``residual(u, *params)`` (no autograd), checked when ``check``."""
+        """Collective. ``residual(u, *params)`` (no autograd), its result checked when ``check``;
+        an exception on any rank is raised on every rank (one integer Allreduce)."""
         self.nfev += 1
-        with torch.no_grad():
-            r = self._residual(u, *self.params)
-        if check:
-            err = None
+        err = r = None
+        try:
+            with torch.no_grad():
+                r = self._residual(u, *self.params)
+        except Exception as e:  # noqa: BLE001 - user code: raised on every rank (ends the solve together)
+            err = e
+        if err is None and check:
             if not isinstance(r, torch.Tensor):
                 err = TypeError(f"residual must return a torch.Tensor, got {type(r).__name__}")
             elif tuple(r.shape) != (self.n_local,):
@@ -48,7 +52,7 @@ class Problem:
                                  f"({self.n_local},), got {tuple(r.shape)}")
             elif r.dtype != self.dtype:
                 err = TypeError(f"residual returned dtype {r.dtype}, u0 is {self.dtype}")
-            check_collective(self.comm, err)
+        check_collective(self.comm, err)   # also when not checking: a raise on one rank ends it everywhere
         return r.detach()
 
     def jacobian(self, u: torch.Tensor):
@@ -56,10 +60,15 @@ class Problem:
         DSparseTensor whose owned rows match ``u``, with the pattern of the first call."""
         from ..dsparse import DSparseTensor
         self.njev += 1
-        with torch.no_grad():
-            J = self._jacobian(u, *self.params)
-        err = None
-        if not isinstance(J, DSparseTensor) or not J.is_row_shard:
+        err = J = None
+        try:
+            with torch.no_grad():
+                J = self._jacobian(u, *self.params)
+        except Exception as e:  # noqa: BLE001 - user code: raised on every rank (ends the solve together)
+            err = e
+        if err is not None:
+            pass
+        elif not isinstance(J, DSparseTensor) or not J.is_row_shard:
             err = TypeError(f"jacobian must return a row-sharded DSparseTensor, got {type(J).__name__}")
         elif MPI.Comm.Compare(J.comm, self.comm) not in (MPI.IDENT, MPI.CONGRUENT):
             err = ValueError("jacobian returned a DSparseTensor on another communicator than the solve's "

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Tuple, Union
 import torch
 
 from .. import _log
-from .._comm import allreduce_sum, check_collective, get_comm
+from .._comm import allreduce_sum, check_collective, get_comm, user_code
 from ..autograd import saved_tensors
 from .info import NonlinearConvergenceError, NonlinearInfo
 from .problem import Problem
@@ -312,6 +312,7 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     rtol, atol = float(rtol), float(atol)
     stol = None if stol is None else float(stol)
     dparams = tuple(p.detach() if isinstance(p, torch.Tensor) or _is_dsparse(p) else p for p in params)
+    callback = user_code(comm, callback, "callback")   # a raise on one rank ends the solve everywhere
     prob = Problem(residual, jacobian, dparams, comm, int(u0.shape[0]), u0.dtype)
     r0 = prob.residual(u0.detach())  # checked collectively (shape, dtype)
     kw = dict(rtol=rtol, atol=atol, stol=stol, maxiter=int(maxiter), line_search=line_search,
@@ -330,7 +331,7 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
         raise NonlinearConvergenceError(info)
     flat, rebuild = _grad_leaves(params)
     if any(isinstance(p, torch.Tensor) and p.requires_grad for p in flat) and torch.is_grad_enabled():
-        ctl = {"residual": residual, "jacobian": jacobian, "params": params, "linear_solver": linear_solver,
+        ctl = {"residual": user_code(comm, residual, "residual"), "jacobian": user_code(comm, jacobian, "jacobian"), "params": params, "linear_solver": linear_solver,
                "backend": backend, "comm": comm, "rebuild": rebuild,
                "failed": None if info.converged else info.reason}
         u = _ImplicitFunction.apply(u.detach(), ctl, *flat)
