@@ -191,3 +191,44 @@ def test_symmetric_matrix_keeps_the_one_solve_shortcut(backend):
     G = dA.local.with_values(dA.values.grad).to_scipy().tocoo()
     r0 = dA.row_range[0]
     assert np.allclose(G.data, -xs[G.row + r0] * xs[G.col], rtol=1e-8, atol=1e-12 * np.abs(xs).max() ** 2)
+
+
+# ------------------------------------------------- ranks with nodes but no cells
+@pytest.mark.mpi
+def test_fan_mesh_ranks_without_cells(tmp_path_factory):
+    """Every triangle shares the centre node: with partition="contiguous" the cells all go
+    to rank 0 and the other ranks own nodes but no cells. Loads, matrices, a solve and its
+    gradient match the one-rank run (load sums were wrong and the job hung before)."""
+    meshio = pytest.importorskip("meshio")
+    from slasolve.fem import Assembler, DirichletBC, boundary_dofs, read_mesh
+    m = 12
+    path = None
+    if COMM.rank == 0:
+        th = np.linspace(0, 2 * np.pi, m, endpoint=False)
+        pts = np.vstack([[0.0, 0.0], np.c_[np.cos(th), (1.0 + 0.3 * np.cos(3 * th)) * np.sin(th)]])
+        cells = np.array([[0, 1 + i, 1 + (i + 1) % m] for i in range(m)])
+        path = str(tmp_path_factory.mktemp("fan") / "fan.vtu")
+        meshio.write(path, meshio.Mesh(pts, [("triangle", cells)]))
+    path = COMM.bcast(path)
+
+    def run(comm):
+        mesh = read_mesh(path, comm, partition="contiguous")
+        V = Assembler(mesh)
+        K = V.stiffness(1.0)
+        M = V.mass(1.0)
+        f1 = V.load(1.0)
+        fx = V.load(lambda x: 1.0 + x[:, 0] ** 2)
+        bc = DirichletBC(V, boundary_dofs(V), 0.0)
+        A, b = bc.apply(K.with_values(K.values + 0.5 * M.values), fx)
+        x = slasolve.solve(A, b, "cg", rtol=1e-12)
+        ids = mesh.original_ids[mesh.owned_mask()] if mesh.original_ids is not None else None
+        cnt = mesh.n_local_cells
+        return [np.concatenate(comm.allgather(v.detach().numpy())) for v in (f1, fx, x)], \
+            np.concatenate(comm.allgather(ids.numpy())), comm.allreduce(cnt)
+
+    (f1, fx, x), ids, ncells = run(COMM)
+    (s1, sx, xs), sids, _ = run(MPI.COMM_SELF)
+    assert ncells == m
+    o, so = np.argsort(ids), np.argsort(sids)
+    for got, ref in ((f1, s1), (fx, sx), (x, xs)):
+        assert np.allclose(got[o], ref[so], rtol=1e-10, atol=1e-13)

@@ -538,11 +538,12 @@ class Assembler:
                 return (Ms @ vo.reshape(self.n_owned_nodes, self.bs)).reshape(-1)
             vloc = self.fetch_ghosts(vo)
             fe = self._gather_cells(vloc.reshape(-1, self.bs))
-        if fe.dim() == 3 and fe.shape[0] > 0 and fe.stride(0) == 0 and fe.stride(1) == 0:
-            # a constant: scale the cached ∫ v of every local node (no per-cell work)
+        if fe.dim() == 3 and fe.stride(0) == 0 and fe.stride(1) == 0:
+            # a constant: scale the cached ∫ v of every local node (no per-cell work). The branch
+            # is the same on every rank (a rank without cells has a (0, nv, bs) expanded constant)
             w = self._geo("load(1)", lambda: self._local_sums(self._load_kernel(
                 torch.ones((1, 1, 1), dtype=self.dtype, device=self.device).expand(fe.shape[0], self.nv, 1))))
-            return self._owned_from_local(w * fe[0, 0])
+            return self._owned_from_local(w * (fe[0, 0] if fe.shape[0] else fe.new_zeros(fe.shape[2:])))
         be = self._collective(lambda: self._load_kernel(fe))
         return self._owned_from_local(self._local_sums(be))
 
