@@ -94,7 +94,8 @@ def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = Non
     tol, maxiter :
         Relative tolerance and iteration limit of the backend's own convergence
         test (SLEPc: ``EPSSetTolerances`` with ``EPS_CONV_REL``, default
-        ``maxiter`` SLEPc's; torch: the kernels' relative residual test, on the
+        ``maxiter`` ARPACK's ``10 n`` restarts, so a problem SciPy's ``eigsh`` solves
+        with its defaults is not cut short; torch: the kernels' relative residual test, on the
         shift-inverted operator when ``sigma`` is used; default ``maxiter`` 5000
         LOBPCG iterations / 1000 Lanczos restarts). The backend's test is on
         its own estimate for the transformed operator; when the explicit

@@ -7,7 +7,8 @@ every default chosen here:
 
 * problem type ``HEP`` (standard) or ``GHEP`` (``M`` given, SPD);
 * ``EPSKRYLOVSCHUR``, ``nev = k``, ``ncv``/``mpd`` SLEPc's defaults unless given;
-* ``tol`` / ``maxiter`` -> ``EPSSetTolerances``, convergence test
+* ``tol`` / ``maxiter`` -> ``EPSSetTolerances`` (default ``maxiter``: ARPACK's ``10 n``
+  restarts, :func:`default_max_restarts`), convergence test
   ``EPS_CONV_REL`` (SLEPc's default: error estimate relative to ``|lambda|``);
 * ``which``: ``"LA"`` -> ``LARGEST_REAL``, ``"SA"`` -> ``SMALLEST_REAL``,
   ``"LM"`` -> ``LARGEST_MAGNITUDE``, ``"SM"`` -> ``SMALLEST_MAGNITUDE``;
@@ -55,12 +56,19 @@ def _mats(dA, dM):
     return dA.to_petsc(), dM.to_petsc()
 
 
-def configure_eps(eps, *, k, which, sigma, tol, maxiter, ncv, generalized, st_solver=None):
+def default_max_restarts(n_global: int) -> int:
+    """Local. ARPACK's (SciPy's) default ``maxiter``, ``10 n`` restarts, or at least SLEPc's own
+    (``max(100, 2 n / ncv)``): a problem SciPy's ``eigsh`` solves with its defaults is not cut
+    short."""
+    return max(10 * int(n_global), 100)
+
+
+def configure_eps(eps, *, k, which, sigma, tol, maxiter, ncv, generalized, st_solver=None, n_global=0):
     """Set the defaults described in the module docstring on ``eps`` (local)."""
     eps.setProblemType(SLEPc.EPS.ProblemType.GHEP if generalized else SLEPc.EPS.ProblemType.HEP)
     eps.setType(SLEPc.EPS.Type.KRYLOVSCHUR)
     eps.setDimensions(nev=k, ncv=ncv if ncv is not None else PETSc.DECIDE)
-    eps.setTolerances(tol=tol, max_it=maxiter if maxiter is not None else PETSc.DECIDE)
+    eps.setTolerances(tol=tol, max_it=maxiter if maxiter is not None else default_max_restarts(n_global))
     eps.setConvergenceTest(SLEPc.EPS.Conv.REL)
     if sigma is not None:
         eps.setTarget(float(sigma))
@@ -119,7 +127,7 @@ class SlepcSession:
         eps = self.eps
         eps.setOperators(self.Am, self.Mm)
         configure_eps(eps, k=k, which=which, sigma=sigma, tol=tol, maxiter=maxiter, ncv=ncv,
-                      generalized=dM is not None, st_solver=st_solver)
+                      generalized=dM is not None, st_solver=st_solver, n_global=self.n_global)
         if options_prefix:
             eps.setOptionsPrefix(options_prefix)
         with temporary_options(petsc_options, options_prefix):

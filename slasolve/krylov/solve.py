@@ -527,7 +527,9 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         is allowed; ``b == 0`` returns zeros (0 iterations) whatever ``x0``; there is no
         divergence test (a far-away ``x0`` is fine). ``maxiter`` counts Krylov iterations
         (PETSc's count; for GMRES inner iterations, not restart cycles); ``None`` means
-        ``min(10 n, 10000)`` for ``n`` global unknowns on both backends; ``0`` only tests
+        ``max(10 n, 10000)`` for ``n`` global unknowns on both backends, the larger of
+        SciPy's and PETSc's defaults (for GMRES ``max(10 n restart, 10000)``: SciPy counts
+        ``10 n`` restart cycles), so no solve either finishes by default is cut short; ``0`` only tests
         the initial guess. With the petsc backend, ``-ksp_rtol``, ``-ksp_atol``,
         ``-ksp_max_it``, ``-ksp_divtol`` in the options database (``petsc_options`` or the
         command line) take precedence, as in PETSc.
@@ -667,9 +669,11 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         opts = dict(rtol=float(rtol), atol=float(atol), maxiter=None if maxiter is None else int(maxiter),
                     callback=callback, record_history=record_history, raise_on_fail=raise_on_fail,
                     pc_fn=pc if callable(pc) else None, reuse_pc=reuse_pc, warm=isinstance(x0, str))
-        # the iteration limit of this call (maxiter=None: the backends' default)
-        opts["limit"] = default_maxiter(dA.global_shape[0] * (dA.local.block_shape[0] if dA.local.is_block else 1)) \
+        # the iteration limit of this call (maxiter=None: SciPy's or PETSc's default, the larger)
+        n_scalar = dA.global_shape[0] * (dA.local.block_shape[0] if dA.local.is_block else 1)
+        opts["limit"] = default_maxiter(n_scalar, restart if method == "gmres" else 1) \
             if maxiter is None else int(maxiter)
+        opts["maxiter"] = opts["limit"]
         if isinstance(x0, str):
             x0 = None  # the previous solution, looked up in _AdjointSolve
         if reuse_pc == "interpolation" and backend == "petsc":  # last resort: the default-mode KSP

@@ -27,8 +27,10 @@ norm ``||b - A x||_2`` carried by the method's recurrence satisfies
 initial guess is checked first (0 iterations when it already satisfies the
 test). ``iterations`` counts Krylov iterations as PETSc does.
 
-**maxiter** default: ``min(10 * n_global, 10_000)`` (SciPy's ``10 n`` capped at
-PETSc's default ``max_it``). Reaching it gives ``DIVERGED_ITS``.
+**maxiter** default: ``max(10 * n_global, 10_000)``, the larger of SciPy's ``10 n`` and
+PETSc's default ``max_it``, so a solve either of them finishes with its defaults is not
+cut short (:func:`default_maxiter`; GMRES through :func:`slasolve.solve` counts SciPy's
+``10 n`` in restart cycles). Reaching it gives ``DIVERGED_ITS``.
 
 **Failures reported** (``SolveInfo.reason``): ``DIVERGED_NANORINF`` (NaN/Inf in
 a residual or inner product), ``DIVERGED_INDEFINITE_MAT`` (CG: ``p^T A p <= 0``),
@@ -89,12 +91,15 @@ from .info import SolveInfo
 __all__ = ["cg", "gmres", "minres", "bicgstab", "default_maxiter"]
 
 Tensor = torch.Tensor
-MAXITER_CAP = 10_000
+#: PETSc's default ``max_it``: the smallest default iteration budget
+MAXITER_FLOOR = 10_000
 
 
-def default_maxiter(n_global: int) -> int:
-    """``min(10 * n_global, 10_000)`` (at least 1). Local."""
-    return max(1, min(10 * int(n_global), MAXITER_CAP))
+def default_maxiter(n_global: int, restart: int = 1) -> int:
+    """Local. ``max(10 * n_global * restart, 10_000)``: SciPy's default (``10 n`` iterations;
+    for GMRES ``10 n`` restart cycles of ``restart`` inner iterations) or PETSc's
+    (``max_it`` 10000), whichever allows more."""
+    return max(10 * int(n_global) * max(1, int(restart)), MAXITER_FLOOR)
 
 
 def _identity(t: Tensor) -> Tensor:
