@@ -36,16 +36,17 @@ timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cachep
 # the eigensolver and SciPy-suite tests again under other BLAS/LAPACK kernels and thread counts
 # than the machine's own, so a result that holds only on this CPU's kernels fails here, not on the
 # next machine (SLASOLVE_SKIP_KERNELS=1 skips it): OpenBLAS (NumPy, SciPy, PETSc) forced to the
-# Sandybridge kernels (no FMA; Nehalem where the machine is a Sandybridge), torch's MKL limited
-# to AVX, ATen's vectorised kernels (torch reductions' summation order) to the scalar build
+# Sandybridge kernels (no FMA; Nehalem where the machine is a Sandybridge), torch's MKL to its
+# SSE2 "compatible" code path (MKL_CBWR, which MKL_VERBOSE shows honoured as CNR:COMPATIBLE),
+# ATen's vectorised kernels (torch reductions' summation order) to the scalar build
 if [ "${SLASOLVE_SKIP_KERNELS:-0}" = "0" ]; then
   core=$(OPENBLAS_VERBOSE=2 "$PYTHON" -c "import numpy" 2>&1 | sed -n 's/^Core: //p')
   alt=Sandybridge; [ "$core" = "Sandybridge" ] && alt=Nehalem
-  echo "== eigen and SciPy-suite tests, other kernels (OpenBLAS $alt, machine's ${core:-unknown}; MKL AVX; ATen default; 2 threads)"
-  OPENBLAS_CORETYPE=$alt MKL_ENABLE_INSTRUCTIONS=AVX ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=2 \
+  echo "== eigen and SciPy-suite tests, other kernels (OpenBLAS $alt, machine's ${core:-unknown}; MKL compatible; ATen default; 2 threads)"
+  OPENBLAS_CORETYPE=$alt MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=2 \
     timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider \
     tests/scipy_suite tests/test_eigsh.py tests/test_torch_eigen.py tests/test_property_eigsh.py \
-    tests/test_linalg_scipy.py ${args[@]+"${args[@]}"} || status=1
+    tests/test_linalg_scipy.py tests/test_eigsh_refine.py tests/test_scipy_defaults.py ${args[@]+"${args[@]}"} || status=1
 fi
 # run_mpi N MARKS WHAT: the marked tests on N ranks under the timeout; a failure dumps the other ranks' logs
 run_mpi() {
