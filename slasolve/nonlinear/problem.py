@@ -34,16 +34,20 @@ class Problem:
         self.njev = 0
         self._pattern = None  # (layout, indptr, indices) of the first Jacobian
 
+    def _call(self, fn, u: torch.Tensor):
+        """Local. ``(fn(u, *params), None)`` without autograd, or ``(None, exception)``: the
+        caller combines it across ranks (user code raising on one rank ends it everywhere)."""
+        try:
+            with torch.no_grad():
+                return fn(u, *self.params), None
+        except Exception as e:  # noqa: BLE001 - user code
+            return None, e
+
     def residual(self, u: torch.Tensor, *, check: bool = True) -> torch.Tensor:
         """Collective. ``residual(u, *params)`` (no autograd), its result checked when ``check``;
         an exception on any rank is raised on every rank (one integer Allreduce)."""
         self.nfev += 1
-        err = r = None
-        try:
-            with torch.no_grad():
-                r = self._residual(u, *self.params)
-        except Exception as e:  # noqa: BLE001 - user code: raised on every rank (ends the solve together)
-            err = e
+        r, err = self._call(self._residual, u)
         if err is None and check:
             if not isinstance(r, torch.Tensor):
                 err = TypeError(f"residual must return a torch.Tensor, got {type(r).__name__}")
@@ -60,12 +64,7 @@ class Problem:
         DSparseTensor whose owned rows match ``u``, with the pattern of the first call."""
         from ..dsparse import DSparseTensor
         self.njev += 1
-        err = J = None
-        try:
-            with torch.no_grad():
-                J = self._jacobian(u, *self.params)
-        except Exception as e:  # noqa: BLE001 - user code: raised on every rank (ends the solve together)
-            err = e
+        J, err = self._call(self._jacobian, u)
         if err is not None:
             pass
         elif not isinstance(J, DSparseTensor) or not J.is_row_shard:
