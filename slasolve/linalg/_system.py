@@ -328,29 +328,16 @@ class System:
             else:
                 self.op = op
         self.M = None if self.M_spec is None else self._torch_op(self.M_spec)
-        if self.mode == "replicated":
-            for what, F in (("A", self.A_in), ("M", self.M_spec)):
-                if F is not None and not (sp.issparse(F) or isinstance(F, (np.ndarray, DSparseTensor))):
-                    self._check_same_operator(what, F)
 
-    def _check_same_operator(self, what: str, F) -> None:
-        """Collective (replicated mode). A LinearOperator / callable given on every rank
-        must be the same operator: its product with one agreed vector (a function of ``n``
-        only) is compared across ranks (one Allreduce of ``2 n`` numbers; matrices are
-        digest-checked instead). ValueError on every rank when it differs by more than
-        rounding."""
-        i = np.arange(self.n, dtype=np.float64)
-        z = (np.modf(np.sin(i * 12.9898 + 0.5) * 43758.5453)[0]).astype(self.char)
-        err = y = None
-        try:
-            y = self._apply_np(F, z).astype(np.float64)
-            if y.shape != (self.n,):
-                raise ValueError(f"{self.name}: {what}'s product returned shape {y.shape}, expected ({self.n},)")
-        except Exception as e:  # noqa: BLE001 - user code: re-raised on every rank
-            err = e
-        check_collective(self.comm, err)
-        y = np.where(np.isfinite(y), y, 0.0)   # non-finite products are the solver's to report
-        both = np.concatenate([y, -y])
+    def _check_same_operator(self, what: str, y: torch.Tensor) -> None:
+        """Collective (replicated mode). A LinearOperator / callable given on every rank must
+        be the same operator: its first product with a nonzero vector (the same gathered
+        vector on every rank: no extra product) is compared across ranks, one Allreduce of
+        ``2 n`` numbers (matrices are digest-checked instead). ValueError on every rank when
+        the products differ by more than rounding."""
+        yn = np.asarray(y.detach().cpu().numpy(), dtype=np.float64)
+        yn = np.where(np.isfinite(yn), yn, 0.0)   # non-finite products are the solver's to report
+        both = np.concatenate([yn, -yn])
         self.comm.Allreduce(MPI.IN_PLACE, both, op=MPI.MAX)
         spread = both[:self.n] + both[self.n:]           # max - min per entry
         scale = np.abs(both).max(initial=0.0)
@@ -393,9 +380,16 @@ class System:
         if self.mode != "replicated":
             return local
         r0, r1 = self.r0, self.r1
+        unchecked = [not (sp.issparse(F) or isinstance(F, np.ndarray)) and F is not None]
+        what = "A" if F is self.A_in else "M"
 
         def replicated(x: torch.Tensor) -> torch.Tensor:
-            return local(self.gather(x))[r0:r1]
+            xg = self.gather(x)
+            y = local(xg)
+            if unchecked[0] and np.any(xg):   # the same gathered x everywhere: the same decision
+                unchecked[0] = False
+                self._check_same_operator(what, y)
+            return y[r0:r1]
         return replicated
 
     # ------------------------------------------------------------------ vectors
