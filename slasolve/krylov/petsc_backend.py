@@ -97,6 +97,9 @@ _INTERPOLATION_ENTRIES = {"pc_gamg_reuse_interpolation": "true", "pc_gamg_use_sa
 # preconditioners whose PETSc set-up fails (on the ranks holding it, inside collective
 # set-up) or divides by a zero diagonal entry
 _ROUNDING_FLOOR = 1e3 * 2.220446049250313e-16  # x eps (||b|| + ||A x||)
+# x eps (||A||_inf ||x|| + ||b||): the normwise backward-error floor (SolveInfo.floor)
+_BACKWARD_FLOOR = 4 * 2.220446049250313e-16
+_FLOOR_CAP = 2.220446049250313e-16 ** 0.5      # x ||b||: the most a floor may accept
 _NEEDS_DIAGONAL = ("gamg", "ilu", "icc", "bjacobi", "asm", "sor")
 # preconditioners that read the operator's near-nullspace (hypre's BoomerAMG does not)
 _USES_NEAR_NULLSPACE = ("gamg", "ml")
@@ -341,14 +344,15 @@ class PetscKrylov:
                     ksp.solve(B, X)
             reason = reason_name(ksp.getConvergedReason())
             its, rnorm = int(ksp.getIterationNumber()), float(ksp.getResidualNorm())
+            floor = None
             if reason.startswith("CONVERGED"):
                 # PETSc tests a recurrence (GMRES: the least-squares residual) or another norm;
                 # "converged" must mean the true residual passes (GMRES + GAMG on a singular,
                 # inconsistent system reported 1e-9 for a true residual of 1). One MatMult.
                 tol = a if absolute else max(r * bnorm, a)
                 with _log.phase("verify", _log.event("slaSolveVerify")):
-                    reason, its, rnorm = _verify_true_residual(ksp, B, X, transpose, tol, max_it, its,
-                                                                reason, float(bnorm))
+                    reason, its, rnorm, floor = _verify_true_residual(ksp, B, X, transpose, tol, max_it,
+                                                                       its, reason, float(bnorm))
             _sync_solution(X, x)
             t2 = time.perf_counter()
             history = mon.history
@@ -359,6 +363,7 @@ class PetscKrylov:
         if absolute and reason == "CONVERGED_ATOL" and not (atol > 0 and rnorm <= atol):
             reason = "CONVERGED_RTOL"
         info = self._info(reason, its, rnorm, history, t1 - t0, t2 - t1, rtol, atol, ksp)
+        info.floor = floor
         return x.to(device=b.device, dtype=b.dtype), info
 
     def _set_up(self, ksp, dA) -> None:
@@ -597,8 +602,9 @@ class PetscKrylov:
                         Bv.getArray()[:] = Bt[j].numpy()
                         Xv.getArray()[:] = Xt[j].numpy()
                         mon.history, mon.callback = history, callback
-                        reason, its, rnorm = _verify_true_residual(ksp, Bv, Xv, transpose, tol, max_it, its,
-                                                                    reason, float(bnorms[j]), pnorm=rnorm)
+                        reason, its, rnorm, floor = _verify_true_residual(
+                            ksp, Bv, Xv, transpose, tol, max_it, its, reason, float(bnorms[j]), pnorm=rnorm)
+                        res[j].append(floor)
                         mon.history = mon.callback = None
                         Xt[j].numpy()[:] = Xv.getArray(readonly=True)
                     elif reason.startswith("CONVERGED"):
@@ -612,9 +618,10 @@ class PetscKrylov:
             _clear_near_nullspace(ksp)
             Bv.destroy(), Xv.destroy()
         for i, j in enumerate(cols):
-            reason, its, rnorm, history, t_solve, _, _ = res[j]
+            reason, its, rnorm, history, t_solve = res[j][:5]
             infos[j] = self._info(reason, its, rnorm, history, setup if i == 0 else 0.0, t_solve + t_verify,
                                   rtol, atol, ksp)
+            infos[j].floor = res[j][7] if len(res[j]) > 7 else None
         return Xt.t().to(device=B.device, dtype=B.dtype), infos
 
     def _apply_near_nullspace(self, ksp, Z: Optional[torch.Tensor]) -> None:
@@ -681,9 +688,13 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm,
     preconditioned/natural/none``): when the true residual is too large,
     continue from ``x`` with a tighter absolute tolerance on PETSc's norm, within the
     remaining ``max_it``; if that does not get there, report ``DIVERGED_ITS``.
-    Returns ``(reason, iterations, true residual norm)``."""
+    A tolerance below the normwise backward-error floor ``4 eps (||A||_inf ||x|| + ||b||)``
+    is met at that floor when the true residual is also at most ``sqrt(eps) ||b||`` (SciPy's CG
+    reports success there too; :attr:`SolveInfo.floor`).
+    Returns ``(reason, iterations, true residual norm, floor accepted at or None)``."""
     A = ksp.getOperators()[0]
     R = B.duplicate()
+    backward = accepted = None
     try:
         for rounds in range(_VERIFY_ROUNDS + 1):
             (A.multTranspose if transpose else A.mult)(X, R)
@@ -694,6 +705,14 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm,
             # under it (rtol=1e-14) is met as far as floating point allows
             floor = _ROUNDING_FLOOR * (bnorm + ax)
             if true <= max(tol, floor) or not reason.startswith("CONVERGED"):
+                break
+            if backward is None:   # only on this rare path: one MatNorm, one VecNorm
+                backward = _BACKWARD_FLOOR * (A.norm(PETSc.NormType.INFINITY) * X.norm() + bnorm)
+            # the tolerance is below what float64 attains: met at the floor, if that floor is small
+            # in the usual sense too (a singular, inconsistent system has a tiny backward error
+            # for a huge x: never "converged" there)
+            if tol < backward and true <= min(backward, _FLOOR_CAP * bnorm):
+                accepted = backward
                 break
             if rounds == _VERIFY_ROUNDS or its >= max_it or ksp.getNormType() == PETSc.KSP.NormType.NONE:
                 reason = "DIVERGED_ITS"
@@ -707,7 +726,7 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm,
             reason = reason_name(ksp.getConvergedReason())
     finally:
         R.destroy()
-    return reason, its, float(true)
+    return reason, its, float(true), accepted
 
 
 def _diagonal_error(dA, pc_type: str) -> Optional[ValueError]:

@@ -137,6 +137,7 @@ def _merge(infos):
     keys = dict.fromkeys(k for i in infos for k in i.times)
     out.times = {k: sum(i.times.get(k, 0.0) for i in infos) for k in keys}
     out.per_rhs = infos
+    out.floor = max((i.floor for i in infos if i.floor is not None), default=None)
     return out
 
 
