@@ -8,7 +8,7 @@ every default chosen here:
 * problem type ``HEP`` (standard) or ``GHEP`` (``M`` given, SPD);
 * ``EPSKRYLOVSCHUR``, ``nev = k``, ``ncv``/``mpd`` SLEPc's defaults unless given;
 * ``tol`` / ``maxiter`` -> ``EPSSetTolerances`` (default ``maxiter``: ARPACK's ``10 n``
-  restarts, :func:`default_max_restarts`), convergence test
+  restarts, ``default_max_restarts``), convergence test
   ``EPS_CONV_REL`` (SLEPc's default: error estimate relative to ``|lambda|``);
 * ``which``: ``"LA"`` -> ``LARGEST_REAL``, ``"SA"`` -> ``SMALLEST_REAL``,
   ``"LM"`` -> ``LARGEST_MAGNITUDE``, ``"SM"`` -> ``SMALLEST_MAGNITUDE``;
