@@ -4,8 +4,10 @@
 # mpirun -n 3 (the property tests, so they run at 1, 2, 3 and 4 ranks), then the property
 # tests at 8 ranks oversubscribed (SLASOLVE_SKIP_SCALE=1 skips it; SLASOLVE_SCALE_RANKS="16 32"
 # adds more rank counts), each under a timeout.
-# Then the HTML docs with warnings as errors (SLASOLVE_SKIP_DOCS=1 skips them), and the
-# pip-only install check, scripts/test_pip_only.sh (SLASOLVE_SKIP_PIP_ONLY=1 skips it).
+# The HTML docs with warnings as errors (SLASOLVE_SKIP_DOCS=1 skips them) and the pip-only
+# install check, scripts/test_pip_only.sh (SLASOLVE_SKIP_PIP_ONLY=1 skips it), run in the
+# background during the serial runs (one process each, so the second core is free); their
+# output is printed when they end. Every step prints its time.
 # Usage: bash scripts/test.sh [--property-full] [extra pytest args]
 #   --property-full (or SLASOLVE_PROPERTY_FULL=1): the full property set, many hypothesis
 #   examples per property with shrinking, instead of the CI slice (docs/testing.md);
@@ -31,8 +33,42 @@ if [ "$full" != "0" ]; then
   args+=("-o" "timeout=$run_timeout")   # pytest-timeout's per-test limit (pyproject: 300 s)
 fi
 status=0
+# took WHAT T0: one line with the step's wall time (SECONDS since T0)
+took() { echo "   -- $1: $((SECONDS - $2)) s"; }
+# The docs build and the pip-only check in the background, one after the other: the serial
+# runs below use one core; their logs are printed at the end
+bg_log=$(mktemp -d)
+background_checks() {
+  if [ "${SLASOLVE_SKIP_DOCS:-0}" = "0" ]; then
+    # the API reference and guides, warnings as errors (docs/conf.py); SLASOLVE_SKIP_DOCS=1 skips
+    local t0=$SECONDS rc=0
+    echo "== docs (sphinx-build -W, docs/_build/html)"
+    if "$PYTHON" -c "import sphinx, numpydoc, myst_parser" 2>/dev/null; then
+      timeout "$run_timeout" "$PYTHON" -m sphinx -E -W --keep-going -q -b html docs docs/_build/html \
+        || { rc=1; echo "docs build failed (warnings are errors)"; }
+    else
+      rc=1; echo "docs: sphinx, numpydoc or myst-parser missing: pip install -e '.[docs]' (or SLASOLVE_SKIP_DOCS=1)"
+    fi
+    took docs "$t0"
+    [ $rc -eq 0 ] || echo 1 > "$bg_log/failed"
+  fi
+  if [ "${SLASOLVE_SKIP_PIP_ONLY:-0}" = "0" ]; then
+    # a venv without system packages: pip install .[mpi,test,examples] (mpich wheel, no PETSc),
+    # tests that need no PETSc, examples, notebook, mpiexec -n 2 (README "pip-only install")
+    local t0=$SECONDS
+    echo "== pip-only install (scripts/test_pip_only.sh; SLASOLVE_SKIP_PIP_ONLY=1 skips it)"
+    timeout "${SLASOLVE_PIP_ONLY_TIMEOUT:-2400}" bash "$here/scripts/test_pip_only.sh" || {
+      echo 1 > "$bg_log/failed"; echo "pip-only install checks failed"; }
+    took pip-only "$t0"
+  fi
+}
+background_checks > "$bg_log/out" 2>&1 &
+bg_pid=$!
+t_all=$SECONDS
 echo "== serial (1 process, MPI tests at size 1)"
+t0=$SECONDS
 timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider ${args[@]+"${args[@]}"} || status=1
+took serial "$t0"
 # the eigensolver and SciPy-suite tests again under other BLAS/LAPACK kernels and thread counts
 # than the machine's own, so a result that holds only on this CPU's kernels fails here, not on the
 # next machine (SLASOLVE_SKIP_KERNELS=1 skips it): OpenBLAS (NumPy, SciPy, PETSc) forced to the
@@ -42,19 +78,26 @@ timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cachep
 if [ "${SLASOLVE_SKIP_KERNELS:-0}" = "0" ]; then
   core=$(OPENBLAS_VERBOSE=2 "$PYTHON" -c "import numpy" 2>&1 | sed -n 's/^Core: //p')
   alt=Sandybridge; [ "$core" = "Sandybridge" ] && alt=Nehalem
+  t0=$SECONDS
   echo "== eigen and SciPy-suite tests, other kernels (OpenBLAS $alt, machine's ${core:-unknown}; MKL compatible; ATen default; 2 threads)"
   OPENBLAS_CORETYPE=$alt MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=2 \
     timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider \
     tests/scipy_suite tests/test_eigsh.py tests/test_torch_eigen.py tests/test_property_eigsh.py \
     tests/test_linalg_scipy.py tests/test_eigsh_refine.py tests/test_scipy_defaults.py ${args[@]+"${args[@]}"} || status=1
+  took kernels "$t0"
 fi
 # run_mpi N MARKS WHAT: the marked tests on N ranks under the timeout; a failure dumps the other ranks' logs
 run_mpi() {
-  echo "== mpirun -n $1 ($3)"
+  local t0=$SECONDS threads=$OMP_NUM_THREADS per_rank=$(( $(nproc) / $1 ))
+  # threads beyond the cores spin against the other ranks: at most cores/ranks per rank (>= 1)
+  [ "$per_rank" -ge 1 ] || per_rank=1
+  [ "$threads" -le "$per_rank" ] || threads=$per_rank
+  echo "== mpirun -n $1 ($3; $threads thread(s) per rank)"
   rm -f .pytest-mpi/rank-*.log   # the failure dump below shows this run's ranks only
-  timeout "$run_timeout" mpirun -n "$1" --oversubscribe --bind-to none \
+  OMP_NUM_THREADS=$threads timeout "$run_timeout" mpirun -n "$1" --oversubscribe --bind-to none \
     "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m "$2" -p no:cacheprovider ${args[@]+"${args[@]}"} || {
       status=1; echo "mpirun -n $1 failed; other ranks' logs:"; tail -n 30 .pytest-mpi/*.log 2>/dev/null; }
+  took "mpirun -n $1" "$t0"
 }
 for n in 2 3 4; do
   if [ "$n" = 3 ]; then run_mpi "$n" "mpi and property" "property tests"; else run_mpi "$n" "mpi" "MPI tests"; fi
@@ -70,22 +113,10 @@ for n in $scale_ranks; do
   seen="$seen$n "
   run_mpi "$n" "mpi and property" "property tests, oversubscribed; SLASOLVE_SKIP_SCALE / SLASOLVE_SCALE_RANKS"
 done
-if [ "${SLASOLVE_SKIP_DOCS:-0}" = "0" ]; then
-  # the API reference and guides, warnings as errors (docs/conf.py); SLASOLVE_SKIP_DOCS=1 skips
-  echo "== docs (sphinx-build -W, docs/_build/html)"
-  if "$PYTHON" -c "import sphinx, numpydoc, myst_parser" 2>/dev/null; then
-    timeout "$run_timeout" "$PYTHON" -m sphinx -E -W --keep-going -q -b html docs docs/_build/html || {
-      status=1; echo "docs build failed (warnings are errors)"; }
-  else
-    status=1; echo "docs: sphinx, numpydoc or myst-parser missing: pip install -e '.[docs]' (or SLASOLVE_SKIP_DOCS=1)"
-  fi
-fi
-if [ "${SLASOLVE_SKIP_PIP_ONLY:-0}" = "0" ]; then
-  # a venv without system packages: pip install .[mpi,test,examples] (mpich wheel, no PETSc),
-  # tests that need no PETSc, examples, notebook, mpiexec -n 2 (README "pip-only install")
-  echo "== pip-only install (scripts/test_pip_only.sh; SLASOLVE_SKIP_PIP_ONLY=1 skips it)"
-  timeout "${SLASOLVE_PIP_ONLY_TIMEOUT:-2400}" bash "$here/scripts/test_pip_only.sh" || {
-    status=1; echo "pip-only install checks failed"; }
-fi
+wait "$bg_pid"
+cat "$bg_log/out"
+[ ! -f "$bg_log/failed" ] || status=1
+rm -rf "$bg_log"
+took "command (2)" "$t_all"
 if [ $status -eq 0 ]; then echo "all test runs passed"; else echo "some test runs FAILED"; fi
 exit $status
