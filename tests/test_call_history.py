@@ -424,24 +424,34 @@ def _global_scipy(dA, b, comm):
 def test_gamg_rebuilt_after_large_value_change(comm):
     """Uniform densities, then random densities in [0.2, 1] on the same assembler: PETSc
     3.18's GAMG reused the old prolongators and smoother eigenvalue estimates
-    (DIVERGED_INDEFINITE_PC); the rebuilt PC must match a fresh KSP."""
+    (DIVERGED_INDEFINITE_PC); with ``reuse_pc=False`` the rebuilt PC must match a fresh KSP,
+    and the default (``"auto"``: GAMG's prolongators kept, the rest rebuilt, checked) must
+    give the same answer."""
     system, mesh = simp_mbb_system(comm, 60, 20)
     ncells = mesh.n_local_cells
-    K1, f1 = system(torch.full((ncells,), 0.5))
-    _, i1 = slasolve.solve(K1, f1, "cg", pc="gamg", rtol=1e-10, return_info=True)
     rho = 0.2 + 0.8 * torch.rand(ncells, generator=torch.Generator().manual_seed(comm.rank))
-    K2, f2 = system(rho)
-    assert K2._layout is K1._layout  # same pattern: the cached KSP and Mat are reused
-    x2, i2 = slasolve.solve(K2, f2, "cg", pc="gamg", rtol=1e-10, return_info=True, raise_on_fail=False)
-    assert i2.converged, i2.reason
-    # a fresh KSP on the same values (another options prefix: another cache entry)
-    x3, i3 = slasolve.solve(K2, f2, "cg", pc="gamg", rtol=1e-10, return_info=True, options_prefix="fresh_")
-    assert i2.iterations == i3.iterations
-    _close(x2, x3, comm, 1e-8)
-    Kg, fg = _global_scipy(K2, f2, comm)
-    xs = spla.spsolve(Kg, fg)
-    d0 = sum(comm.allgather(x2.numel())[:comm.rank])
-    _close(x2, torch.from_numpy(xs[d0:d0 + x2.numel()]), comm, 1e-6)
+    Kg = xs = None
+    for mode in (False, "auto"):
+        K1, f1 = system(torch.full((ncells,), 0.5))
+        _, i1 = slasolve.solve(K1, f1, "cg", pc="gamg", rtol=1e-10, return_info=True, reuse_pc=mode)
+        K2, f2 = system(rho)
+        assert K2._layout is K1._layout  # same pattern: the cached KSP and Mat are reused
+        x2, i2 = slasolve.solve(K2, f2, "cg", pc="gamg", rtol=1e-10, return_info=True, raise_on_fail=False,
+                                reuse_pc=mode)
+        assert i2.converged, i2.reason
+        if mode is False:
+            # a fresh KSP on the same values (another options prefix: another cache entry)
+            x3, i3 = slasolve.solve(K2, f2, "cg", pc="gamg", rtol=1e-10, return_info=True,
+                                    options_prefix="fresh_", reuse_pc=False)
+            assert i2.iterations == i3.iterations
+            _close(x2, x3, comm, 1e-8)
+        else:
+            assert i2.pc_reuse["mode"] == "interpolation"
+        if Kg is None:
+            Kg, fg = _global_scipy(K2, f2, comm)
+            xs = spla.spsolve(Kg, fg)
+        d0 = sum(comm.allgather(x2.numel())[:comm.rank])
+        _close(x2, torch.from_numpy(xs[d0:d0 + x2.numel()]), comm, 1e-6)
 
 
 @pytest.mark.parametrize("rtol", [1e-6, 1.0])

@@ -149,7 +149,7 @@ def test_setup_counts_prove_reuse_and_rebuild(comm):
     big = infos[3]   # the kept GAMG fails on the big change: rebuilt, solved again, a fresh KSP's count
     assert big.pc_reuse["retried"] and big.pc_reuse["rebuilt"] and deltas[3] == 1
     assert 0 < big.pc_reuse["discarded_iterations"] <= math.ceil(LAG_CAP * infos[0].iterations)
-    assert big.iterations == fresh_iterations(3, rhos[3])
+    assert big.iterations == fresh_iterations(3, rhos[3], reuse_pc=False)
     # --- interpolation: GAMG set up per value change, prolongators only when built from scratch
     prol, gamg, infos = [], [], []
     for rho in rhos:
@@ -250,8 +250,8 @@ def test_warm_start_previous(comm, backend):
 
 @pytest.mark.timeout(120)
 def test_modes_never_leak_into_later_calls(comm):
-    """After calls in every mode (values changing), a default call equals a fresh KSP's
-    (same iteration count), and a lagged call after a default one starts from a build."""
+    """After calls in every mode (values changing), a ``reuse_pc=False`` call equals a fresh
+    KSP's (same iteration count), and a lagged call after it starts from a build."""
     system, nc, off, n = _simp(comm, 24, 10)
     rhos = _densities(comm, nc, off, n)
     for i, mode in enumerate(MODES):
@@ -259,9 +259,10 @@ def test_modes_never_leak_into_later_calls(comm):
             K, f = system(rho * (1 + 0.1 * i))
             slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, reuse_pc=mode, x0="previous")
         K, f = system(rhos[3])
-        x, info = slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, maxiter=600, return_info=True)
+        x, info = slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, maxiter=600, return_info=True,
+                                 reuse_pc=False)
         _, fresh = slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, maxiter=600, return_info=True,
-                                  options_prefix=f"fresh{i}_")
+                                  options_prefix=f"fresh{i}_", reuse_pc=False)
         assert info.iterations == fresh.iterations and info.pc_reuse is None
         _close(x, _scipy_ref(K, f, comm), comm, 1e-7)
     K, f = system(rhos[4])
@@ -359,3 +360,16 @@ def test_lagged_backs_off_when_values_keep_jumping(comm, backend):
         _close(x, refs[k % 2], comm, 1e-7)
         pattern.append("redo" if info.pc_reuse["retried"] else "build" if info.pc_reuse["rebuilt"] else "kept")
     assert pattern == ["build", "redo", "build", "redo", "build", "build", "build", "redo"], pattern
+
+
+@pytest.mark.parametrize("backend,pc,expected", [("petsc", "gamg", "interpolation"), ("petsc", "jacobi", None),
+                                                 ("torch", "jacobi", None)])
+def test_auto_is_the_default(comm, backend, pc, expected):
+    """``reuse_pc="auto"`` (the default) is ``"interpolation"`` for GAMG on the petsc backend and
+    no reuse otherwise; through value changes the answers equal SciPy's."""
+    system, nc, off, n = _simp(comm, 16, 8)
+    for rho in _densities(comm, nc, off, n)[:4]:
+        K, f = system(rho)
+        x, info = slasolve.solve(K, f, "cg", pc=pc, backend=backend, rtol=1e-10, maxiter=2000, return_info=True)
+        assert (info.pc_reuse or {}).get("mode") == expected
+        _close(x, _scipy_ref(K, f, comm), comm, 1e-7)

@@ -32,9 +32,10 @@ side changes. Nothing a call asks for survives into the next call:
   as in PETSc (``setFromOptions`` after the programmatic settings);
 * new values are written into the same Mat (:func:`slasolve.petsc.to_petsc_mat`
   compares them with what the Mat holds), which changes the Mat's state, and
-  PETSc rebuilds the preconditioner on the next solve. For GAMG slasolve sets
-  ``-pc_gamg_reuse_interpolation false`` (unless the options database says
-  otherwise): PETSc 3.18 otherwise keeps the old prolongators *and* the
+  PETSc rebuilds the preconditioner on the next solve. For GAMG under
+  ``reuse_pc=False`` slasolve sets ``-pc_gamg_reuse_interpolation false`` (unless the
+  options database says otherwise; the default ``reuse_pc="auto"`` uses the
+  ``reuse_interpolation`` KSP below, with the checks of ``solve._with_reuse``): PETSc 3.18 otherwise keeps the old prolongators *and* the
   Chebyshev eigenvalue estimates made for the old matrix, which can give
   ``DIVERGED_INDEFINITE_PC`` after large value changes (SIMP densities).
 

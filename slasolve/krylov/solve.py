@@ -44,7 +44,7 @@ SOLVER_CACHE_SIZE = 8
 #: methods whose adjoint solve is the forward solve when A is symmetric (checked in the backward)
 _SYMMETRIC_METHODS = ("cg", "minres")
 
-#: ``reuse_pc`` modes besides ``False`` / ``True``
+#: ``reuse_pc`` modes besides ``False`` / ``True`` (``"auto"``, the default, picks one per call)
 REUSE_MODES = ("lagged", "interpolation")
 #: ``reuse_pc="lagged"`` / ``"interpolation"``: once a solve that reused the preconditioner
 #: needed more than ``LAG_GROWTH`` times the iterations of the solve right after the last full
@@ -441,9 +441,20 @@ def _check_near_nullspace(dA, Z):
 
 def _check_reuse(reuse_pc):
     """Local. The problem with ``reuse_pc``, or None."""
-    if isinstance(reuse_pc, bool) or (isinstance(reuse_pc, str) and reuse_pc in REUSE_MODES):
+    if isinstance(reuse_pc, bool) or (isinstance(reuse_pc, str) and reuse_pc in REUSE_MODES + ("auto",)):
         return None
-    return ValueError(f"reuse_pc must be False, True, 'lagged' or 'interpolation', got {reuse_pc!r}")
+    return ValueError(f"reuse_pc must be 'auto', False, True, 'lagged' or 'interpolation', got {reuse_pc!r}")
+
+
+def _resolve_reuse(reuse_pc, backend: str, pc):
+    """Local. The mode ``reuse_pc="auto"`` stands for: ``"interpolation"`` for GAMG on the
+    petsc backend (the prolongators kept across value changes, checked and rebuilt by
+    :func:`_with_reuse`'s rules), else ``False``; any other value as given."""
+    if reuse_pc == "auto":
+        return "interpolation" if backend == "petsc" and pc == "gamg" else False
+    if reuse_pc == "interpolation" and backend != "petsc":
+        return False  # no prolongators to keep
+    return reuse_pc
 
 
 def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options,
@@ -500,7 +511,7 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
           callback: Optional[Callable[[int, float], None]] = None, return_info: bool = False,
           raise_on_fail: bool = True, petsc_options: Optional[dict] = None,
           options_prefix: Optional[str] = None, record_history: bool = False,
-          progress: Union[bool, int] = False, reuse_pc: Union[bool, str] = False,
+          progress: Union[bool, int] = False, reuse_pc: Union[bool, str] = "auto",
           near_nullspace: Optional[torch.Tensor] = None
           ) -> Union[torch.Tensor, Tuple[torch.Tensor, SolveInfo]]:
     """Collective. Solve ``A x = b`` with a Krylov method; differentiable (adjoint).
@@ -553,7 +564,7 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         prefix, present only while this solve's KSP is configured (they never reach a
         later call); command-line ``-ksp_*`` / ``-pc_*`` options apply too. A bad entry
         (unknown ``ksp_type``, ...) raises ``ValueError`` on every rank.
-    reuse_pc : {False, True, "lagged", "interpolation"}
+    reuse_pc : {"auto", False, True, "lagged", "interpolation"}
         What to keep of the preconditioner when ``A``'s values change between calls (an
         optimisation loop). Whatever the mode, the solve runs on the current values and
         "converged" means the true residual ``||b - A x||`` passes, so reuse changes
@@ -561,7 +572,9 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         not converge is solved again (same ``x0``) with the preconditioner built from
         scratch before anything is reported or raised (``info.pc_reuse["retried"]``).
 
-        * ``False`` (default): rebuilt whenever the values change (GAMG included:
+        * ``"auto"`` (default): ``"interpolation"`` for ``pc="gamg"`` on the petsc backend
+          (PETSc's own default for GAMG, made safe by the rules below), ``False`` otherwise.
+        * ``False``: rebuilt whenever the values change (GAMG included:
           prolongators and smoother eigenvalue estimates too).
         * ``True``: kept (PETSc's ``KSPSetReusePreconditioner``) until a call without it.
         * ``"lagged"``: kept while the solves need at most ``LAG_GROWTH`` (1.2) times the
@@ -664,8 +677,7 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
             pc = user_code(dA.comm, pc, "preconditioner")
         if progress:
             callback = _progress_callback(dA.comm, 10 if progress is True else int(progress), callback)
-        if reuse_pc == "interpolation" and backend != "petsc":
-            reuse_pc = False  # no prolongators to keep
+        reuse_pc = _resolve_reuse(reuse_pc, backend, pc)
         solver = _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reuse_pc)
         opts = dict(rtol=float(rtol), atol=float(atol), maxiter=None if maxiter is None else int(maxiter),
                     callback=callback, record_history=record_history, raise_on_fail=raise_on_fail,

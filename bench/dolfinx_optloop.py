@@ -1,0 +1,245 @@
+"""The user's optimisation iteration, slasolve's defaults against DOLFINx written by hand.
+
+Run (DOLFINx 0.5 from Debian, ``apt-get install python3-dolfinx``; optional, never a
+dependency of slasolve; the venv of ``scripts/install.sh`` sees it):
+
+    mpirun -n 1 python bench/dolfinx_optloop.py            # 8k, 80k and 1M cells
+    mpirun -n 2 python bench/dolfinx_optloop.py
+    python bench/dolfinx_optloop.py --quick                # 8k cells only
+
+Problem: P1 on the unit square cut into ``2 n^2`` triangles (the same triangles: slasolve's
+``box_mesh(n, cell="triangle")`` and DOLFINx's ``create_unit_square(n, n, triangle,
+diagonal=right)`` both cut each square along its low-left to top-right diagonal),
+``-div(kappa grad u) = 1``, ``u = 0`` on the boundary, ``kappa = exp(theta)`` per cell with
+``theta(c) = 0.5 sin(3 x + 0.3 k) cos(2 y)`` at the cell's centroid in iteration ``k``
+(every value changes every iteration), ``J = 1/2 sum over nodes (u - d)^2``,
+``d = 0.05 x y``. One **iteration**: new theta -> assemble K(kappa) with the Dirichlet rows
+-> CG + GAMG, rtol 1e-8 -> J -> adjoint -> dJ/dtheta per cell.
+
+* **slasolve** (defaults, what a user writes):
+  ``theta.requires_grad_()``, ``K = space.stiffness(exp(theta))``,
+  ``K_bc, f_bc = bc.apply(K, f)``, ``u = solve(K_bc, f_bc, "cg", pc="gamg", rtol=1e-8)``,
+  ``J = global_sum(...)``, ``J.backward()`` -> ``theta.grad``.
+* **dolfinx**: the compiled forms (JIT before timing), ``assemble_matrix`` into the same
+  Mat with ``bcs`` (symmetric elimination, as slasolve), the load vector with lifting, a KSP
+  configured as ``dolfinx.fem.petsc.LinearProblem`` does it (CG + GAMG, ``ksp_rtol 1e-8``,
+  ``setFromOptions``: PETSc's defaults, i.e. the *preconditioned* residual norm and GAMG's
+  interpolation reused across value changes), then the adjoint written by hand: one more
+  ``KSPSolve`` with ``u - d`` (zero on the boundary) and the cellwise gradient
+  ``-exp(theta) grad u . grad lambda`` assembled as a DG0 vector.
+* **dolfinx_unprec**: the same with ``-ksp_norm_type unpreconditioned``: the stopping test
+  slasolve uses (``||b - A x|| <= rtol ||b||``, SciPy's meaning of ``rtol``), so the two
+  have the same accuracy guarantee.
+
+Answers are checked in the run against a reference (slasolve, rtol 1e-13): the relative
+error of J and of two numbering-independent functionals of dJ/dtheta (its 2-norm and its
+sum weighted by ``1 + x + y^2`` at the centroids). The contenders alternate (order flipped
+every trial), each trial after a barrier, timed on the slowest rank; the table gives
+the median and (min-max) of the per-trial ratios.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import COMM, RANK, SIZE, base_parser, fmt_t, rprint, stats, timed, write_json  # noqa: E402
+
+import logging  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import slasolve  # noqa: E402
+from slasolve.fem import Assembler, DirichletBC, boundary_dofs, box_mesh  # noqa: E402
+from slasolve.petsc import PETSc  # noqa: E402
+
+RTOL = 1e-8
+logging.getLogger().setLevel(logging.WARNING)   # FFCx logs every JIT build at INFO
+
+
+def theta_of(c: np.ndarray, k: int) -> np.ndarray:
+    """Local. The log conductivity of iteration ``k`` at centroids ``c`` ``(m, >=2)``."""
+    return 0.5 * np.sin(3 * c[:, 0] + 0.3 * k) * np.cos(2 * c[:, 1])
+
+
+def data_of(x: np.ndarray) -> np.ndarray:
+    return 0.05 * x[:, 0] * x[:, 1]
+
+
+def weight_of(c: np.ndarray) -> np.ndarray:
+    return 1.0 + c[:, 0] + c[:, 1] ** 2
+
+
+def functionals(comm, J: float, g: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Collective. ``(J, ||g||_2, sum g w)``: independent of the cell numbering."""
+    s = comm.allreduce(np.array([float(g @ g), float(g @ w)]), op=MPI.SUM)
+    return np.array([J, np.sqrt(s[0]), s[1]])
+
+
+class Slasolve:
+    def __init__(self, n: int, comm):
+        self.comm = comm
+        mesh = box_mesh(n, cell="triangle", comm=comm)
+        self.space = sp = Assembler(mesh)
+        bd = boundary_dofs(sp)
+        self.bc = DirichletBC(sp, bd, torch.zeros(len(bd), dtype=torch.float64))
+        self.f = sp.load(1.0)
+        self.c = sp.cell_coords.mean(1).numpy()
+        self.d = torch.from_numpy(data_of(sp.owned_coords().numpy()))
+        self.w = weight_of(self.c)
+
+    def thetas(self, k):
+        return torch.from_numpy(theta_of(self.c, k))
+
+    def iteration(self, theta0: torch.Tensor, **solve_kw):
+        theta = theta0.clone().requires_grad_()
+        K = self.space.stiffness(torch.exp(theta))
+        K_bc, f_bc = self.bc.apply(K, self.f)
+        u = slasolve.solve(K_bc, f_bc, "cg", pc="gamg", rtol=solve_kw.pop("rtol", RTOL), **solve_kw)
+        J = slasolve.global_sum(0.5 * ((u - self.d) ** 2).sum(), self.comm)
+        J.backward()
+        return float(J.detach()), theta.grad.numpy()
+
+
+class Dolfinx:
+    def __init__(self, n: int, comm, unpreconditioned: bool):
+        import ufl
+        from dolfinx import fem, mesh
+        from dolfinx.fem import petsc as fpetsc
+        self.fem, self.fpetsc = fem, fpetsc
+        self.comm = comm
+        msh = mesh.create_unit_square(comm, n, n, mesh.CellType.triangle, diagonal=mesh.DiagonalType.right)
+        V = fem.FunctionSpace(msh, ("Lagrange", 1))
+        Q = fem.FunctionSpace(msh, ("DG", 0))
+        self.theta, self.uh, self.lam = fem.Function(Q), fem.Function(V), fem.Function(V)
+        u, v, q = ufl.TrialFunction(V), ufl.TestFunction(V), ufl.TestFunction(Q)
+        kappa = ufl.exp(self.theta)
+        self.a = fem.form(kappa * ufl.inner(ufl.grad(u), ufl.grad(v)) * ufl.dx)
+        self.L = fem.form(fem.Constant(msh, PETSc.ScalarType(1.0)) * v * ufl.dx)
+        self.g = fem.form(-kappa * ufl.inner(ufl.grad(self.uh), ufl.grad(self.lam)) * q * ufl.dx)
+        msh.topology.create_connectivity(1, 2)
+        facets = mesh.exterior_facet_indices(msh.topology)
+        self.bc = fem.dirichletbc(PETSc.ScalarType(0.0), fem.locate_dofs_topological(V, 1, facets), V)
+        self.A = fpetsc.create_matrix(self.a)
+        self.b = fpetsc.create_vector(self.L)
+        self.r = fpetsc.create_vector(self.L)
+        self.gv = fpetsc.create_vector(self.g)
+        self.n_owned = V.dofmap.index_map.size_local
+        self.n_cells = Q.dofmap.index_map.size_local
+        self.d = data_of(V.tabulate_dof_coordinates()[: self.n_owned])
+        self.c = Q.tabulate_dof_coordinates()[: self.n_cells]
+        self.w = weight_of(self.c)
+        ksp = self.ksp = PETSc.KSP().create(comm)
+        ksp.setOperators(self.A)
+        prefix = f"dolfinx_optloop_{id(self)}_"
+        ksp.setOptionsPrefix(prefix)
+        opts = PETSc.Options()
+        entries = {"ksp_type": "cg", "pc_type": "gamg", "ksp_rtol": RTOL}
+        if unpreconditioned:
+            entries["ksp_norm_type"] = "unpreconditioned"
+        for k, val in entries.items():
+            opts[prefix + k] = val
+        ksp.setFromOptions()
+        for k in entries:
+            opts.delValue(prefix + k)
+
+    def thetas(self, k):
+        return theta_of(self.c, k)
+
+    def iteration(self, theta: np.ndarray):
+        fem, fpetsc = self.fem, self.fpetsc
+        self.theta.x.array[: self.n_cells] = theta
+        self.theta.x.scatter_forward()
+        self.A.zeroEntries()
+        fpetsc.assemble_matrix(self.A, self.a, bcs=[self.bc])
+        self.A.assemble()
+        with self.b.localForm() as bl:
+            bl.set(0.0)
+        fpetsc.assemble_vector(self.b, self.L)
+        fpetsc.apply_lifting(self.b, [self.a], bcs=[[self.bc]])
+        self.b.ghostUpdate(addv=PETSc.InsertMode.ADD, mode=PETSc.ScatterMode.REVERSE)
+        fpetsc.set_bc(self.b, [self.bc])
+        self.ksp.solve(self.b, self.uh.vector)
+        self.uh.x.scatter_forward()
+        diff = self.uh.x.array[: self.n_owned] - self.d
+        J = self.comm.allreduce(0.5 * float(diff @ diff), op=MPI.SUM)
+        self.r.array[:] = diff                       # dJ/du, zero on the boundary (u is fixed there)
+        fpetsc.set_bc(self.r, [self.bc])
+        self.ksp.solve(self.r, self.lam.vector)      # K is symmetric: the adjoint is K again
+        self.lam.x.scatter_forward()
+        with self.gv.localForm() as gl:
+            gl.set(0.0)
+        fpetsc.assemble_vector(self.gv, self.g)
+        self.gv.ghostUpdate(addv=PETSc.InsertMode.ADD, mode=PETSc.ScatterMode.REVERSE)
+        return J, self.gv.array_r.copy()
+
+
+def run_size(n: int, trials: int, comm) -> dict:
+    sla = Slasolve(n, comm)
+    dfx = {"dolfinx": Dolfinx(n, comm, False), "dolfinx_unprec": Dolfinx(n, comm, True)}
+    calls = {"slasolve": lambda k: sla.iteration(sla.thetas(k))}
+    for name, d in dfx.items():
+        calls[name] = (lambda d: lambda k: d.iteration(d.thetas(k)))(d)
+    weights = {"slasolve": sla.w, **{name: d.w for name, d in dfx.items()}}
+    names = list(calls)
+    for name in names:  # warm-up: JIT, first set-up, caches
+        calls[name](0)
+    samples = {k: [] for k in names}
+    errors = {k: [] for k in names}
+    its = {}
+    for t in range(trials):
+        k = t + 1
+        J_ref, g_ref = sla.iteration(sla.thetas(k), rtol=1e-13)
+        ref = functionals(comm, J_ref, g_ref, sla.w)
+        for name in (names if t % 2 == 0 else names[::-1]):
+            out = {}
+            samples[name].append(timed(lambda: out.__setitem__("r", calls[name](k)), comm))
+            J, g = out["r"]
+            errors[name].append(np.abs(functionals(comm, J, g, weights[name]) - ref) / np.abs(ref))
+        its = {"dolfinx": dfx["dolfinx"].ksp.getIterationNumber(),
+               "dolfinx_unprec": dfx["dolfinx_unprec"].ksp.getIterationNumber()}
+    _, info = slasolve.solve(*sla.bc.apply(sla.space.stiffness(torch.exp(sla.thetas(trials))), sla.f), "cg",
+                             pc="gamg", rtol=RTOL, return_info=True)
+    its["slasolve"] = info.iterations
+    res = {"n": n, "cells": 2 * n * n, "ranks": SIZE, "trials": trials, "iterations (last adjoint/forward)": its,
+           "times": {k: stats(v) for k, v in samples.items()}, "samples": samples,
+           "max rel error (J, |g|, g.w)": {k: np.max(np.array(v), axis=0).tolist() for k, v in errors.items()}}
+    for other in ("dolfinx", "dolfinx_unprec"):
+        res[f"slasolve/{other}"] = stats([a / b for a, b in zip(samples["slasolve"], samples[other])])
+    return res
+
+
+def main(argv=None):
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, nargs="*", default=None, help="cells per side (default 64 200 707)")
+    args = p.parse_args(argv)
+    try:
+        import dolfinx  # noqa: F401
+    except ImportError:
+        rprint("DOLFINx is not importable (apt-get install python3-dolfinx): nothing to compare")
+        return 0
+    sizes = args.n or ([64] if args.quick else [64, 200, 707])
+    trials = args.trials or (3 if args.quick else 7)
+    out = {"rtol": RTOL, "sizes": []}
+    rprint(f"optimisation iteration, P1 Poisson, kappa = exp(theta), CG+GAMG rtol {RTOL:g}, {SIZE} rank(s)")
+    rprint(f"{'cells':>9} {'slasolve':>10} {'dolfinx':>10} {'dfx unprec':>10} {'sla/dfx':>18} "
+           f"{'sla/dfx unprec':>18}  its (sla, dfx, dfx unprec)  max rel err J (sla, dfx, dfx unprec)")
+    for n in sizes:
+        r = run_size(n, trials if n < 500 else max(3, trials - 2), COMM)
+        out["sizes"].append(r)
+        t, e, i = r["times"], r["max rel error (J, |g|, g.w)"], r["iterations (last adjoint/forward)"]
+        q = [r["slasolve/dolfinx"], r["slasolve/dolfinx_unprec"]]
+        rprint(f"{r['cells']:>9} {fmt_t(t['slasolve']['median']):>10} {fmt_t(t['dolfinx']['median']):>10} "
+               f"{fmt_t(t['dolfinx_unprec']['median']):>10} "
+               + " ".join(f"{x['median']:5.2f} ({x['min']:.2f}-{x['max']:.2f})" for x in q)
+               + f"  {i['slasolve']}, {i['dolfinx']}, {i['dolfinx_unprec']}"
+               + "  " + ", ".join(f"{e[k][0]:.0e}/{e[k][1]:.0e}" for k in ("slasolve", "dolfinx", "dolfinx_unprec")))
+    write_json(args.json or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                         f"dolfinx_optloop_np{SIZE}.json"), out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
