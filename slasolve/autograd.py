@@ -8,6 +8,8 @@ exchange. The adjoint of ``x = A^{-1} b`` is then
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ._comm import check_collective
@@ -28,9 +30,7 @@ def symmetry_defect(dA) -> float:
     two columns and one reduction."""
     from ._comm import allreduce_sum
     r0, r1 = dA.row_range
-    gid = torch.arange(r0, r1, dtype=torch.float64)
-    X = torch.stack([torch.frac(torch.sin(gid * 12.9898 + s) * 43758.5453) - 0.5 for s in (0.0, 1.0)], 1)
-    X = X.to(dtype=dA.dtype, device=dA.device)
+    X = _probe_vectors(r0, r1, dA.dtype, dA.device)
     with torch.no_grad():
         AX = dA.detach() @ X
     x, y, ax, ay = X[:, 0], X[:, 1], AX[:, 0], AX[:, 1]
@@ -39,6 +39,15 @@ def symmetry_defect(dA) -> float:
     s = s.tolist()
     scale = (s[2] * s[5]) ** 0.5 + (s[3] * s[4]) ** 0.5
     return abs(s[0] - s[1]) / scale if scale > 0 else 0.0
+
+
+@functools.lru_cache(maxsize=8)
+def _probe_vectors(r0: int, r1: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Local. The two probe columns of :func:`symmetry_defect` for global rows ``[r0, r1)``
+    (read only; made once per row range, as every backward of a loop checks the same rows)."""
+    gid = torch.arange(r0, r1, dtype=torch.float64)
+    X = torch.stack([torch.frac(torch.sin(gid * 12.9898 + s) * 43758.5453) - 0.5 for s in (0.0, 1.0)], 1)
+    return X.to(dtype=dtype, device=device)
 
 
 def looks_symmetric(dA) -> bool:

@@ -227,9 +227,8 @@ class _RowLayout:
 
     def diagonal(self, values: torch.Tensor, present: bool = False):
         """The diagonal block's scalar main diagonal (zeros where not stored), from ``values``
-        as they are now, scanning the rows in chunks (no O(nnz) index array is kept or
-        built). With ``present``, also a bool per scalar row: a diagonal entry is stored."""
-        p = self._pattern
+        as they are now. With ``present``, also a bool per scalar row: a diagonal entry is
+        stored."""
         n, ncols = self.rend - self.rstart, self.cend - self.cstart
         br, bc = self.br, self.bc
         k = min(n * br, ncols * bc)
@@ -238,21 +237,38 @@ class _RowLayout:
             sub = SparseTensor._make(d, values[self.diag_pos], (d.M, d.N) + self.block, 2)
             out = sub.diagonal()
             return (out, torch.ones(k, dtype=torch.bool, device=out.device)) if present else out
-        out = values.new_zeros((n, br))
+        rows, pos = self._diagonal_entries()
+        v = values[pos]
+        if self.block:
+            v = v.diagonal(dim1=-2, dim2=-1)
+        out = values.new_zeros((n, br)).index_add_(0, rows, v.reshape(-1, br))
+        out = out.reshape(-1)[:k]
+        if not present:
+            return out
         have = torch.zeros((n, br), dtype=torch.bool, device=values.device)
-        ip, cols = p.indptr, p.indices
-        for a in range(0, n, _CHUNK_ROWS):
-            b = min(n, a + _CHUNK_ROWS)
-            lo, hi = int(ip[a]), int(ip[b])
-            r = torch.repeat_interleave(torch.arange(a, b, device=cols.device), ip[a + 1:b + 1] - ip[a:b])
-            pos = torch.nonzero(cols[lo:hi] - self.cstart == r).flatten()
-            v = values[pos + lo]
-            if self.block:
-                v = v.diagonal(dim1=-2, dim2=-1)
-            out.index_add_(0, r[pos], v.reshape(-1, br))
-            have[r[pos]] = True
-        out, have = out.reshape(-1)[:k], have.reshape(-1)[:k]
-        return (out, have) if present else out
+        have[rows] = True
+        return out, have.reshape(-1)[:k]
+
+    def _diagonal_entries(self):
+        """Local. ``(rows, positions)`` of the stored main-diagonal entries (O(rows) int64 each),
+        found once by scanning the rows in chunks: the pattern never changes, and solvers whose
+        preconditioner needs a nonzero diagonal read it on every call."""
+        found = getattr(self, "_diag_entries", None)
+        if found is None:
+            p = self._pattern
+            n = self.rend - self.rstart
+            ip, cols = p.indptr, p.indices
+            rows, poss = [], []
+            for a in range(0, n, _CHUNK_ROWS):
+                b = min(n, a + _CHUNK_ROWS)
+                lo, hi = int(ip[a]), int(ip[b])
+                r = torch.repeat_interleave(torch.arange(a, b, device=cols.device), ip[a + 1:b + 1] - ip[a:b])
+                pos = torch.nonzero(cols[lo:hi] - self.cstart == r).flatten()
+                rows.append(r[pos])
+                poss.append(pos + lo)
+            empty = torch.zeros(0, dtype=torch.int64, device=cols.device)
+            found = self._diag_entries = (torch.cat(rows) if rows else empty, torch.cat(poss) if poss else empty)
+        return found
 
     @property
     def bc(self) -> int:
