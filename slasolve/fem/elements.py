@@ -224,23 +224,32 @@ def _det(J: torch.Tensor) -> torch.Tensor:
     """Determinants of 2x2 / 3x3 matrices in closed form (batched LAPACK calls on
     millions of tiny matrices cost ten times more)."""
     if J.shape[-1] == 2:
-        return J[..., 0, 0] * J[..., 1, 1] - J[..., 0, 1] * J[..., 1, 0]
+        a = _entries(J)
+        return a[0][0] * a[1][1] - a[0][1] * a[1][0]
     if J.shape[-1] == 3:
-        return (J[..., 0, 0] * (J[..., 1, 1] * J[..., 2, 2] - J[..., 1, 2] * J[..., 2, 1])
-                - J[..., 0, 1] * (J[..., 1, 0] * J[..., 2, 2] - J[..., 1, 2] * J[..., 2, 0])
-                + J[..., 0, 2] * (J[..., 1, 0] * J[..., 2, 1] - J[..., 1, 1] * J[..., 2, 0]))
+        a = _entries(J)
+        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
+                - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
+                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
     return torch.linalg.det(J)
+
+
+def _entries(J: torch.Tensor):
+    """``a[i][j] = J[..., i, j]`` as views. Through ``unbind`` rather than indexing: the backward
+    of each index is a zero-filled tensor of the full size, that of ``unbind`` one stack."""
+    return [row.unbind(-1) for row in J.unbind(-2)]
 
 
 def _det_inv(J: torch.Tensor):
     """``(det J, J^{-1})`` by the adjugate for 2x2 / 3x3 (1x1 and others via LAPACK)."""
     det = _det(J)
     if J.shape[-1] == 2:
-        adj = torch.stack([torch.stack([J[..., 1, 1], -J[..., 0, 1]], -1),
-                           torch.stack([-J[..., 1, 0], J[..., 0, 0]], -1)], -2)
+        a = _entries(J)
+        adj = torch.stack([torch.stack([a[1][1], -a[0][1]], -1),
+                           torch.stack([-a[1][0], a[0][0]], -1)], -2)
     elif J.shape[-1] == 3:
-        a = J
-        c = lambda i, j, k, l: a[..., i, j] * a[..., k, l] - a[..., i, l] * a[..., k, j]  # noqa: E731
+        a = _entries(J)
+        c = lambda i, j, k, l: a[i][j] * a[k][l] - a[i][l] * a[k][j]  # noqa: E731
         adj = torch.stack([
             torch.stack([c(1, 1, 2, 2), -c(0, 1, 2, 2), c(0, 1, 1, 2)], -1),
             torch.stack([-c(1, 0, 2, 2), c(0, 0, 2, 2), -c(0, 0, 1, 2)], -1),

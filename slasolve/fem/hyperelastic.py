@@ -57,9 +57,7 @@ def neo_hookean_energy(F: torch.Tensor, mu, lmbda) -> torch.Tensor:
 def neo_hookean_stress(F: torch.Tensor, mu, lmbda) -> torch.Tensor:
     """Local. First Piola-Kirchhoff stress ``P(F)`` ``(..., d, d)``."""
     J, Finv = _inv_det(F)
-    FinvT = Finv.transpose(-1, -2)
-    lnJ = torch.log(J)
-    return mu[..., None, None] * (F - FinvT) + (lmbda * lnJ)[..., None, None] * FinvT
+    return mu[..., None, None] * F + (lmbda * torch.log(J) - mu)[..., None, None] * Finv.transpose(-1, -2)
 
 
 def neo_hookean_tangent(F: torch.Tensor, mu, lmbda) -> torch.Tensor:
@@ -112,15 +110,23 @@ class NeoHookean(NonlinearProblem):
         self.mu, self.lmbda = mu, lmbda
 
     def deformation_gradient(self, u: torch.Tensor) -> torch.Tensor:
-        """Collective. ``F = I + ∇u`` at the quadrature points, ``(E, nq, dim, dim)``."""
+        """Collective. ``F = I + ∇u`` at the quadrature points, ``(E, nq, dim, dim)`` (on simplices
+        the ``nq`` points share one value, a broadcast view)."""
+        return self._F(u).expand(-1, self.wdet.shape[1], -1, -1)
+
+    def _F(self, u: torch.Tensor) -> torch.Tensor:
+        """Collective. ``F`` at the gradient points ``(E, ng, dim, dim)`` (``ng = 1`` on simplices)."""
         ue = self.cell_values(self.lift(u))                                 # (E, nv, dim)
-        H = torch.einsum("evi,eqvJ->eqiJ", ue, self.G)
-        return H + torch.eye(self.space.dim, dtype=H.dtype, device=H.device)
+        E, _, d = ue.shape
+        H = torch.bmm(ue.transpose(1, 2), self.Gv)                          # (E, dim, ng*dim): H[e, i, (q, J)]
+        H = H.view(E, d, -1, d).transpose(1, 2)
+        return H + torch.eye(d, dtype=H.dtype, device=H.device)
 
     def _F_checked(self, u, raise_on_inverted: bool = True):
-        """Collective. ``(F, inverted)``: ``inverted`` is True on every rank when some rank has
-        ``det F <= 0`` at a quadrature point (then ``ValueError`` on every rank if asked)."""
-        F = self.deformation_gradient(u)
+        """Collective. ``(F, inverted)`` at the gradient points: ``inverted`` is True on every rank
+        when some rank has ``det F <= 0`` at a quadrature point (then ``ValueError`` on every rank
+        if asked)."""
+        F = self._F(u)
         with torch.no_grad():
             J = _el._det(F)
             bad = int((J <= 0).sum())
@@ -134,6 +140,7 @@ class NeoHookean(NonlinearProblem):
             return F, False
         n_bad = self.comm.allreduce(bad) if self.comm.Get_size() > 1 else bad
         return F, n_bad > 0
+
     def _params(self, mu, lmbda):
         return self._param("mu", mu, self.mu), self._param("lmbda", lmbda, self.lmbda)
 
@@ -145,10 +152,11 @@ class NeoHookean(NonlinearProblem):
         F, inverted = self._F_checked(u, self.on_inversion == "raise")
         if inverted:
             return torch.full_like(u, math.nan)
-        nq = F.shape[1]
-        P = neo_hookean_stress(F, m[:, None].expand(-1, nq), l[:, None].expand(-1, nq))
-        re = torch.einsum("eq,eqiJ,eqvJ->evi", self.wdet, P, self.G)
-        return self._finish_residual(u, re.reshape(re.shape[0], -1))
+        E, ng, d = F.shape[0], F.shape[1], F.shape[2]
+        P = neo_hookean_stress(F, m[:, None], l[:, None]) * self.wg[..., None, None]
+        # re[e, v, i] = Σ_(q,J) G[e, v, (q, J)] P[e, q, i, J]
+        re = torch.bmm(self.Gv, P.transpose(-1, -2).reshape(E, ng * d, d))
+        return self._finish_residual(u, re.reshape(E, -1))
 
     def jacobian(self, u: torch.Tensor, mu: Union[None, float, torch.Tensor] = None,
                  lmbda: Union[None, float, torch.Tensor] = None) -> DSparseTensor:
@@ -157,11 +165,37 @@ class NeoHookean(NonlinearProblem):
         m, l = self._params(mu, lmbda)
         with torch.no_grad():
             F, _ = self._F_checked(u.detach())
-            nq = F.shape[1]
-            A = neo_hookean_tangent(F, m.detach()[:, None].expand(-1, nq), l.detach()[:, None].expand(-1, nq))
-            E, nv, d = F.shape[0], self.space.nv, self.space.dim
-            Ke = torch.einsum("eq,eqaJ,eqiJkL,eqbL->eaibk", self.wdet, self.G, A, self.G)
-        return self._finish_jacobian(Ke.reshape(E, nv * d, nv * d))
+            Kb = self._tangent_blocks(F, m.detach(), l.detach())
+        return self._finish_jacobian(Kb, blocked=True)
+
+    def _tangent_blocks(self, F: torch.Tensor, mu: torch.Tensor, lmbda: torch.Tensor) -> torch.Tensor:
+        """Local. Element tangents ``∫ ∇v : A : ∇δu`` in the Assembler's block-entry-major layout
+        ``(dim, dim, E, nv, nv)`` (``[i, k, e, a, b]``: row ``a i``, column ``b k``).
+
+        With the pulled-back gradients ``B = G F⁻¹`` (``B_ai = G_aJ F⁻¹_Ji``) the contraction
+        with ``A`` is ``K[ai, bk] = Σ_q w (λ B_ai B_bk - (λ ln J - μ) B_ak B_bi + μ δ_ik G_a·G_b)``,
+        so the 4th-order ``A`` is never formed."""
+        E, ng, d = F.shape[0], F.shape[1], F.shape[2]
+        nv = self.space.nv
+        det, Finv = _el._det_inv(F)
+        lw = lmbda[:, None] * self.wg                                       # (E, ng)
+        cw = (lmbda[:, None] * torch.log(det) - mu[:, None]) * self.wg
+        B = torch.matmul(self.G, Finv)                                      # (E, ng, nv, d)
+        if ng == 1:
+            Bt = B[:, 0].permute(2, 0, 1)                                   # (d, E, nv): Bt[i, e, a] = B_ai
+            K = torch.mul((Bt * lw.T[:, :, None])[:, None, :, :, None], Bt[None, :, :, None, :])
+            K.addcmul_((Bt * cw.T[:, :, None])[None, :, :, :, None], Bt[:, None, :, None, :], value=-1)
+        else:
+            # sums over the Gauss points as batched matmuls: O_w[e, ai, bk] = Σ_q w_q B_ai B_bk
+            Bf = B.reshape(E, ng, nv * d)
+            Ol = torch.bmm((Bf * lw[..., None]).transpose(1, 2), Bf).view(E, nv, d, nv, d)
+            Oc = torch.bmm((Bf * cw[..., None]).transpose(1, 2), Bf).view(E, nv, d, nv, d)
+            K = torch.empty((d, d, E, nv, nv), dtype=F.dtype, device=F.device)
+            torch.sub(Ol.permute(2, 4, 0, 1, 3), Oc.permute(4, 2, 0, 1, 3), out=K)
+        lap = _el._gram(self.G, mu[:, None] * self.wg)                      # μ ∫ ∇N_a·∇N_b
+        for i in range(d):
+            K[i, i] += lap
+        return K
 
     def energy(self, u: torch.Tensor, mu=None, lmbda=None) -> torch.Tensor:
         """Collective. Total potential energy (replicated 0-d tensor) ``∫ W dV - ∫ b·u - ∫_Γ t·u``
@@ -174,9 +208,7 @@ class NeoHookean(NonlinearProblem):
         F, inverted = self._F_checked(u, self.on_inversion == "raise")
         if inverted:
             return torch.full((), math.inf, dtype=u.dtype, device=u.device)
-        nq = F.shape[1]
-        Wq = neo_hookean_energy(F, m[:, None].expand(-1, nq), l[:, None].expand(-1, nq))
-        e = (self.wdet * Wq).sum()
+        e = (self.wg * neo_hookean_energy(F, m[:, None], l[:, None])).sum()
         ext = self.external()
         if ext is not None:
             e = e - (ext * ul).sum()

@@ -82,6 +82,14 @@ class NonlinearProblem:
         DSparseTensor on the Assembler's layout instead of the default scalar (AIJ) one on
         a scalar layout built at the first call (:func:`slasolve.nonlinear_solve` takes
         scalar Jacobians).
+
+    Attributes
+    ----------
+    N : ``(nq, nv)`` shape functions at the quadrature points; ``wdet`` ``(E, nq)`` their
+        weights times ``det J``.
+    G : ``(E, ng, nv, dim)`` reference-configuration gradients at the ``ng`` gradient points
+        (``ng = 1`` on simplices, where they are constant per cell; the Gauss points on Q1
+        cells), a view of ``Gv`` ``(E, nv, ng*dim)``; ``wg`` ``(E, ng)`` their weights.
     """
 
     def __init__(self, space: Assembler, bc: Optional[DirichletBC] = None, source=None, neumann=None, *,
@@ -107,11 +115,21 @@ class NonlinearProblem:
         w, N, dN, dNcheck = _quadrature(space.cell, dt, dev)
         X = space.cell_coords
         _el._check_orientation(X, space.cell, dNcheck)
-        J = _el._jacobians(X, dN)
-        det, Jinv = _el._det_inv(J)
+        # P1 gradients are constant per cell: one Jacobian and one gradient point per cell
+        self.simplex = space.cell in ("triangle", "tetra")
+        dNg = dN[:1] if self.simplex else dN
+        det, Jinv = _el._det_inv(_el._jacobians(X, dNg))             # (E, ng)
+        E, nv, dim = X.shape[0], N.shape[1], X.shape[2]
+        ng = dNg.shape[0]
+        self.w = w                                                    # (nq,) reference weights
         self.wdet = det * w                                           # (E, nq)
         self.N = N                                                    # (nq, nv)
-        self.G = torch.einsum("qvk,eqkd->eqvd", dN, Jinv)             # (E, nq, nv, dim) reference-config gradients
+        # gradient points: 1 on simplices (weight = cell volume), the nq Gauss points on Q1 cells
+        self.wg = det * w.sum() if self.simplex else self.wdet        # (E, ng)
+        # reference-configuration gradients stored as (E, nv, ng*dim) for batched matmuls;
+        # self.G is the (E, ng, nv, dim) view of the same memory
+        self.Gv = torch.matmul(dNg, Jinv).permute(0, 2, 1, 3).reshape(E, nv, ng * dim)
+        self.G = self.Gv.view(E, nv, ng, dim).permute(0, 2, 1, 3)
 
     # ---------------------------------------------------------------- pieces
     def lift(self, u: torch.Tensor) -> torch.Tensor:
@@ -167,8 +185,14 @@ class NonlinearProblem:
             r = torch.where(self.bc.constrained, u - self.bc.full().to(u.dtype), r)
         return r
 
-    def _finish_jacobian(self, Ke: torch.Tensor) -> DSparseTensor:
-        K = self.space.assemble_matrix(Ke, check=False)
+    def _finish_jacobian(self, Ke: torch.Tensor, blocked: bool = False) -> DSparseTensor:
+        """Collective. Assemble element tangents ``Ke`` (``(E, nv*bs, nv*bs)``, or with ``blocked``
+        the Assembler's block-entry-major ``(bs, bs, E, nv, nv)``); Dirichlet elimination."""
+        sp = self.space
+        if blocked:
+            K = sp._assemble_slots(Ke.reshape(sp.bs * sp.bs, -1))
+        else:
+            K = sp.assemble_matrix(Ke, check=False)
         if self.bc is not None:
             K, _ = self.bc.apply(K)
         if self.space.bs > 1 and not self.block_jacobian:
@@ -227,20 +251,29 @@ class NonlinearDiffusion(NonlinearProblem):
                          ValueError("NonlinearDiffusion needs a scalar space (block_size=1)"))
         super().__init__(space, bc, source, neumann)
         self.kappa = kappa
+        if self.simplex:
+            # constant gradients: the cell integrals reduce to the unit-coefficient stiffness
+            # L = |T| G Gᵀ and the volume-normalised mass M (|T| uᵀMu = ∫u², exact for degree 2)
+            self._L = _el._gram(self.G, self.wg)                                    # (E, nv, nv)
+            self._M = (self.N.T * self.w) @ self.N / self.w.sum()                   # (nv, nv)
 
-    def _fields(self, u):
-        ue = self.cell_values(self.lift(u))[..., 0]                  # (E, nv)
-        uq = ue @ self.N.T                                            # (E, nq)
-        gq = torch.einsum("eqvd,ev->eqd", self.G, ue)                 # (E, nq, dim)
-        return ue, uq, gq
+    def _cell_u(self, u):
+        return self.cell_values(self.lift(u))[..., 0]                               # (E, nv)
 
     def residual(self, u: torch.Tensor, kappa: Union[None, float, torch.Tensor] = None) -> torch.Tensor:
         """Collective. Owned rows of ``R(u) = ∫ κ(1+u²)∇u·∇v - ∫ f v - ∫_Γ g v`` (Dirichlet rows ``u - g``)."""
         self._check_u(u)
         k = self._param("kappa", kappa, self.kappa)
-        _, uq, gq = self._fields(u)
-        flux = (k[:, None] * self.wdet * (1 + uq * uq))[..., None] * gq            # (E, nq, dim)
-        re = torch.einsum("eqd,eqvd->ev", flux, self.G)
+        ue = self._cell_u(u)
+        E = ue.shape[0]
+        if self.simplex:
+            # ∫ κ(1+u²) ∇u·∇N_i = κ (1 + mean of u²) (L u)_i
+            s = 1 + torch.bmm((ue @ self._M)[:, None, :], ue[:, :, None]).reshape(E)
+            re = (k * s)[:, None] * torch.bmm(self._L, ue[:, :, None]).reshape(E, -1)
+        else:
+            c = k[:, None] * self.wdet * (1 + (ue @ self.N.T) ** 2)                    # (E, nq)
+            gq = torch.bmm(ue[:, None, :], self.Gv).reshape(E, -1, self.space.dim)  # (E, nq, dim)
+            re = torch.bmm(self.Gv, (c[..., None] * gq).reshape(E, -1, 1)).reshape(E, -1)
         return self._finish_residual(u, re)
 
     def jacobian(self, u: torch.Tensor, kappa: Union[None, float, torch.Tensor] = None) -> DSparseTensor:
@@ -248,12 +281,25 @@ class NonlinearDiffusion(NonlinearProblem):
         self._check_u(u)
         k = self._param("kappa", kappa, self.kappa)
         with torch.no_grad():
-            _, uq, gq = self._fields(u.detach())
-            kw = k.detach()[:, None] * self.wdet                     # (E, nq)
-            Ke = _el._gram(self.G, kw * (1 + uq * uq))
-            # 2 u δu ∇u·∇v : row i (test v_i), column j (δu = N_j)
-            a = torch.einsum("eqvd,eqd->eqv", self.G, gq)             # ∇u·∇N_i (E, nq, nv)
-            Ke = Ke + torch.einsum("eq,eqi,qj->eij", 2 * kw * uq, a, self.N)
+            ue = self._cell_u(u.detach())
+            k = k.detach()
+            E, nv = ue.shape
+            if self.simplex:
+                # κ(1+u²)∇δu·∇v -> κ s L;  2κ u δu ∇u·∇v -> 2κ (L u)_i (M u)_j (row i: test v_i)
+                t = ue @ self._M
+                s = 1 + torch.bmm(t[:, None, :], ue[:, :, None]).reshape(E)
+                Lu = torch.bmm(self._L, ue[:, :, None])                                # (E, nv, 1)
+                Ke = torch.baddbmm(self._L * (k * s)[:, None, None], Lu * (2 * k)[:, None, None], t[:, None, :])
+            else:
+                nq, dim = self.N.shape[0], self.space.dim
+                uq = ue @ self.N.T                                                     # (E, nq)
+                kw = k[:, None] * self.wdet
+                gq = torch.bmm(ue[:, None, :], self.Gv).reshape(E, 1, nq, dim)
+                G4 = self.Gv.view(E, nv, nq, dim)
+                a = (G4 * gq).sum(-1)                                                  # ∇u·∇N_i (E, nv, nq)
+                Ke = (a * (2 * kw * uq)[:, None, :]) @ self.N                          # 2κ u δu ∇u·∇v
+                Gw = (G4 * (kw * (1 + uq * uq))[:, None, :, None]).reshape(E, nv, nq * dim)
+                Ke = torch.baddbmm(Ke, Gw, self.Gv.transpose(1, 2))
         return self._finish_jacobian(Ke)
 
     @staticmethod
