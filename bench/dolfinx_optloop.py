@@ -56,7 +56,6 @@ from slasolve.fem import Assembler, DirichletBC, boundary_dofs, box_mesh  # noqa
 from slasolve.petsc import PETSc  # noqa: E402
 
 RTOL = 1e-8
-logging.getLogger().setLevel(logging.WARNING)   # FFCx logs every JIT build at INFO
 
 
 def theta_of(c: np.ndarray, k: int) -> np.ndarray:
@@ -220,6 +219,7 @@ def main(argv=None):
     except ImportError:
         rprint("DOLFINx is not importable (apt-get install python3-dolfinx): nothing to compare")
         return 0
+    logging.disable(logging.INFO)   # FFCx and the C compiler log every JIT build at INFO
     sizes = args.n or ([64] if args.quick else [64, 200, 707])
     trials = args.trials or (3 if args.quick else 7)
     out = {"rtol": RTOL, "sizes": []}
