@@ -57,6 +57,10 @@ def jobs(quick: bool):
                   900, False))
     for n in (1, 2):  # optimisation-loop iteration (refill, PC set-up, forward, adjoint, value gradient)
         J.append((f"optloop_n{n}", "optloop.py", mpirun(n), q, 420, False))
+    for n in (1, 2):  # sparse direct solves (MUMPS): spsolve vs raw KSP preonly + LU/Cholesky, backward, SciPy
+        J.append((f"direct_n{n}", "direct.py", mpirun(n), q, 600, False))
+    for n in (1, 2):  # Newton-Krylov: nonlinear_solve vs raw SNES on fem.NonlinearDiffusion, + IFT gradient
+        J.append((f"nonlinear_n{n}", "nonlinear.py", mpirun(n), q, 600, False))
     for n in (1, 2):  # preconditioner reuse in the topology optimisation loop: 120x40, then 1M elements
         J.append((f"topopt_120x40_n{n}", "topopt.py", mpirun(n), q + ["--iters", "20", "--trials", "3",
                   "--contenders", "naive", "naive-2solves", "pc", "lagged", "interpolation", "lagged+warm"], 420,
@@ -377,6 +381,24 @@ def report(R, quick, total_s, made):
             A(target_row(f"optimisation-loop iteration slasolve / raw petsc4py, {c['case']} n={c['n']}, "
                          f"{n_r} rank(s)", c["ratio"]["median"], 1.10, "le",
                          f"range {rng(c['ratio'])}; CG+GAMG; bench/optloop.py"))
+    for n_r in (1, 2):
+        d = get(R, f"direct_n{n_r}")
+        for c in (d or {}).get("cases", []):
+            for k in c["kinds"]:
+                what = f"{k['kind']}: slasolve {k['slasolve_factorization']} vs PC {k['raw_pc']}"
+                A(target_row(f"direct solve forward spsolve / raw petsc4py MUMPS ({what}), {c['case']} n={c['n']}, "
+                             f"{n_r} rank(s)", k["ratio_forward"]["median"], 1.10, "le",
+                             f"range {rng(k['ratio_forward'])}; new values each call; bench/direct.py"))
+                A(target_row(f"direct solve backward / forward (slasolve, {what}), {c['case']} n={c['n']}, "
+                             f"{n_r} rank(s)", k["backward_over_forward"]["median"], 0.3, "le",
+                             f"range {rng(k['backward_over_forward'])}; raw: {rng(k['raw_adjoint_over_forward'])}"))
+    for n_r in (1, 2):
+        d = get(R, f"nonlinear_n{n_r}")
+        for r in (d or {}).get("sizes", []):
+            A(target_row(f"nonlinear_solve / raw SNES (GMRES+GAMG), {r['cells']} cells, {n_r} rank(s)",
+                         r["ratio_forward"]["median"], 1.15, "le",
+                         f"range {rng(r['ratio_forward'])}; Newton iterations {r['newton_iterations']}; "
+                         f"gradient/solve {rng(r['gradient_over_forward_slasolve'])}; bench/nonlinear.py"))
     for n_r in (1, 2):
         d = get(R, f"fem_dolfinx_n{n_r}")
         for r in (d or {}).get("dolfinx", []):
