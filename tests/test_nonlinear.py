@@ -557,3 +557,31 @@ def test_without_petsc4py(comm):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "OK 9" in out.stdout
+
+
+def test_gamg_redo_after_a_failed_linear_solve(comm, monkeypatch):
+    """GAMG keeps its prolongators between Newton steps; a DIVERGED_LINEAR_SOLVE is redone once
+    from u0 with GAMG rebuilt for every tangent (none when the user set the option), and a
+    failure the rebuild cannot avoid is still reported as it was."""
+    from slasolve.nonlinear import petsc_snes
+    runs = []
+    real = petsc_snes._snes_run
+
+    def counting(*args):
+        runs.append(dict(args[-1]))
+        return real(*args)
+    monkeypatch.setattr(petsc_snes, "_snes_run", counting)
+    P = FD1D(16, comm)
+    f, c, a = _data(P)
+    kw = dict(jacobian=P.jacobian, backend="petsc", linear_solver={"method": "gmres", "pc": "gamg", "maxiter": 1,
+                                                                   "rtol": 1e-12})
+    _expect_failure(comm, ("DIVERGED_LINEAR_SOLVE",), (f, c, a), residual=P.residual, u0=torch.zeros_like(P.x), **kw)
+    assert runs == [{}, petsc_snes._REBUILD_ENTRIES]
+    runs.clear()
+    _expect_failure(comm, ("DIVERGED_LINEAR_SOLVE",), (f, c, a), residual=P.residual, u0=torch.zeros_like(P.x),
+                    petsc_options={"pc_gamg_reuse_interpolation": "true"}, **kw)
+    assert runs == [{}]
+    runs.clear()
+    u, info = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, c, a, jacobian=P.jacobian, backend="petsc",
+                              rtol=1e-10, linear_solver={"method": "gmres", "pc": "gamg"}, return_info=True)
+    assert info.converged and runs == [{}]

@@ -9,6 +9,12 @@ no function-evaluation limit, no divergence tolerance), the inner KSP from
 (:func:`slasolve.petsc.temporary_options`): ``-snes_*`` / ``-ksp_*`` / ``-pc_*`` on the
 command line or in ``petsc_options`` override the keyword arguments, as in PETSc.
 
+GAMG keeps its prolongators from one Newton step's tangent to the next
+(``-pc_gamg_reuse_interpolation true``, PETSc's default) unless the options say otherwise; if a
+linear solve then fails (``DIVERGED_LINEAR_SOLVE``), the whole solve is redone from ``u0`` with
+GAMG rebuilt for every tangent, so keeping them never turns a solve that converges into a
+failure.
+
 Callbacks: the residual callback converts PETSc's ``X`` to a torch tensor (u0's dtype),
 evaluates ``residual`` (no autograd) and writes ``F``; the Jacobian callback evaluates
 ``jacobian`` and writes its values into a private AIJ Mat created from the first
@@ -44,7 +50,11 @@ for _name in dir(PETSc.SNES.ConvergedReason):
     if _name.isupper() and _name.startswith(("CONVERGED", "DIVERGED")):
         _REASONS[int(getattr(PETSc.SNES.ConvergedReason, _name))] = _name
 # defaults slasolve sets only where the options database has no entry
-_DEFAULT_ENTRIES = {"snes_divergence_tolerance": "-1", "pc_gamg_reuse_interpolation": "false"}
+_DEFAULT_ENTRIES = {"snes_divergence_tolerance": "-1", "pc_gamg_reuse_interpolation": "true"}
+# GAMG keeps its prolongators from one Newton step's tangent to the next (PETSc's default; 15-30%
+# of a forward); should a linear solve then fail, the whole solve is redone with GAMG rebuilt for
+# every tangent (these entries), so kept prolongators never cause a failure the rebuild avoids
+_REBUILD_ENTRIES = {"pc_gamg_reuse_interpolation": "false"}
 
 
 def _reason(code: int) -> str:
@@ -141,17 +151,14 @@ class _Callbacks:
                 self.callback(int(its), float(fnorm))
 
 
-def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, use_jacobian,
-               callback, progress, petsc_options=None, options_prefix=None, r0=None) -> tuple:
-    """Collective. ``(u, NonlinearInfo)`` from PETSc SNES; raises only for errors inside the
-    callbacks (collective checks, re-raised on every rank) or a rejected configuration."""
-    from ..krylov.solve import _garbage_cleanup
+def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
+              petsc_options, options_prefix, r0, extra) -> tuple:
+    """Collective. One SNES solve from ``u0`` with the option entries ``extra`` on top of the
+    defaults: ``(u, reason, its, line search, callbacks, SNES type, KSP type, PC type,
+    (rtol, atol, stol, max_it), set-up seconds)``."""
     from ..petsc import _create
     t0 = time.perf_counter()
     comm = prob.comm
-    _garbage_cleanup(comm)
-    ls = dict(linear_solver)
-    ls.setdefault("rtol", inner_rtol_default(u0.dtype, use_jacobian))
     n = prob.n_local
     X = PETSc.Vec().createMPI((n, PETSc.DECIDE), comm=comm)
     n_global = X.getSize()
@@ -178,7 +185,7 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
         snes.setMonitor(cb.monitor)
         _configure_ksp(snes.getKSP(), ls, comm.Get_size(), n_global, not use_jacobian)
         db = PETSc.Options(options_prefix)
-        entries = {k: v for k, v in _DEFAULT_ENTRIES.items() if not db.hasName(k)}
+        entries = {k: v for k, v in {**_DEFAULT_ENTRIES, **extra}.items() if not db.hasName(k)}
         entries["snes_linesearch_type"] = line_search
         if db.hasName("snes_linesearch_type"):
             entries.pop("snes_linesearch_type")
@@ -192,7 +199,7 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
                     else line_search
         except PETSc.Error as e:
             raise ValueError(f"PETSc rejected the SNES configuration (petsc_options={petsc_options!r}, "
-                             f"linear_solver={linear_solver!r}): {e}") from None
+                             f"linear_solver={ls!r}): {e}") from None
         ksp = snes.getKSP()
         setup = time.perf_counter() - t0
         try:
@@ -212,6 +219,27 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
         F.destroy()
         if Jmat is not None:
             Jmat.destroy()
+    return u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup
+
+
+def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, use_jacobian,
+               callback, progress, petsc_options=None, options_prefix=None, r0=None) -> tuple:
+    """Collective. ``(u, NonlinearInfo)`` from PETSc SNES; raises only for errors inside the
+    callbacks (collective checks, re-raised on every rank) or a rejected configuration."""
+    from ..krylov.solve import _garbage_cleanup
+    t0 = time.perf_counter()
+    comm = prob.comm
+    _garbage_cleanup(comm)
+    ls = dict(linear_solver)
+    ls.setdefault("rtol", inner_rtol_default(u0.dtype, use_jacobian))
+    args = (prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
+            petsc_options, options_prefix, r0)
+    out = _snes_run(*args, {})
+    kept = not PETSc.Options(options_prefix).hasName("pc_gamg_reuse_interpolation") and \
+        "pc_gamg_reuse_interpolation" not in option_entries(petsc_options)
+    if kept and out[1] == "DIVERGED_LINEAR_SOLVE" and out[7] == "gamg":  # the same on every rank
+        out = _snes_run(*args, _REBUILD_ENTRIES)
+    u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup = out
     # the true residual of the returned u decides "converged"
     r = prob.residual(u, check=False)
     fn = global_norm(comm, r)
