@@ -221,7 +221,7 @@ def main(argv=None):
                f"{g['slasolve/dolfinx']['max']:.2f})  {r['newton its']['slasolve']}, {r['newton its']['dolfinx']}"
                f"  {', '.join(f'{x:.0e}' for x in r['rel diff (J, |g|, g.w)'])}")
     write_json(args.json or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                         f"dolfinx_nonlinear_np{SIZE}.json"), out)
+                                         f"dolfinx_nonlinear_n{SIZE}.json"), out)
     return 0
 
 

@@ -373,3 +373,23 @@ def test_auto_is_the_default(comm, backend, pc, expected):
         x, info = slasolve.solve(K, f, "cg", pc=pc, backend=backend, rtol=1e-10, maxiter=2000, return_info=True)
         assert (info.pc_reuse or {}).get("mode") == expected
         _close(x, _scipy_ref(K, f, comm), comm, 1e-7)
+
+
+@pytest.mark.parametrize("mode", ["lagged", "interpolation"])
+def test_other_tolerances_neither_capped_nor_judged(comm, mode):
+    """A solve at a much tighter rtol in a reusing loop (a reference solve, a final polish) needs
+    more iterations for that reason alone: it is not capped (no redo) and does not make the next
+    solve at the loop's rtol rebuild."""
+    system, nc, off, n = _simp(comm, 24, 10)
+    rhos = _densities(comm, nc, off, n)
+    kw = dict(pc="gamg", maxiter=2000, return_info=True, reuse_pc=mode, options_prefix=f"tols_{mode}_")
+    K, f = system(rhos[0])
+    _, first = slasolve.solve(K, f, "cg", rtol=1e-6, **kw)
+    K, f = system(rhos[0] * 1.01)
+    x, tight = slasolve.solve(K, f, "cg", rtol=1e-12, **kw)
+    assert tight.converged and not tight.pc_reuse["rebuilt"] and not tight.pc_reuse["retried"]
+    assert tight.iterations > first.iterations
+    _close(x, _scipy_ref(K, f, comm), comm, 1e-9)
+    K, f = system(rhos[0] * 1.02)
+    _, again = slasolve.solve(K, f, "cg", rtol=1e-6, **kw)
+    assert not again.pc_reuse["rebuilt"] and not again.pc_reuse["retried"]

@@ -157,7 +157,7 @@ def _columns(solve_one, b, x0, solve_many=None):
     return torch.stack(xs, 1), _merge(infos)
 
 
-def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None):
+def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None, tol=None):
     """Collective. ``run(reuse, other_solver=None, maxiter=None) -> (x, info)`` under the
     ``reuse_pc`` mode ``mode``; ``reuse`` is PETSc's ``KSPSetReusePreconditioner`` flag for
     the call, ``maxiter`` (if given) replaces the call's, whose value is ``limit``.
@@ -180,7 +180,9 @@ def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None):
     builds from scratch with ``reset_pc``. ``True`` keeps it without a cap (PETSc's
     semantics). The adjoint (``forward=False``) runs, uncapped, with whatever the forward
     left (same values: nothing is set up). Decisions use global quantities only (iteration
-    counts, convergence), the same on every rank.
+    counts, convergence), the same on every rank. Iteration counts are compared only between
+    solves with the same tolerances ``tol`` (``(rtol, atol)``): a solve with other tolerances
+    reuses what is kept, uncapped, and neither judges nor resets ``base``.
     """
     if mode is False:  # a default call forgets the rule's state (it rebuilds for new values)
         solver.__dict__.pop("_reuse_state", None)
@@ -188,6 +190,7 @@ def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None):
     state = solver.__dict__.setdefault("_reuse_state", {})
     reset = getattr(solver, "reset_pc", None)
     base = state.get("base")
+    comparable = state.get("tol") == tol   # iteration counts at other tolerances say nothing
     built, cap = False, None
     if forward and mode in REUSE_MODES:
         if base is None or state.get("skip", 0) > 0:
@@ -195,7 +198,7 @@ def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None):
             if mode == "interpolation" and state.get("used") and reset is not None:
                 reset()  # prolongators from scratch for these values
             built = True
-        else:
+        elif comparable:
             cap = min(limit, math.ceil(LAG_CAP * max(base, 1)))
     x, info = run(mode is True or (mode == "lagged" and not built), None, cap)
     state["used"] = True
@@ -211,8 +214,8 @@ def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None):
         state["fails"] = state.get("fails", 0) + 1 if retried else 0
         state["skip"] = min(2 ** state["fails"] - 1, LAG_BACKOFF_MAX)
     if built and forward and mode in REUSE_MODES:
-        state["base"] = info.iterations
-    elif forward and mode in REUSE_MODES and base is not None and \
+        state["base"], state["tol"] = info.iterations, tol
+    elif forward and mode in REUSE_MODES and base is not None and comparable and \
             info.iterations > LAG_GROWTH * max(base, 1):
         state.pop("base", None)  # slower than LAG_GROWTH x base: the next forward builds afresh
     elif built:
@@ -238,7 +241,8 @@ class _AdjointSolve(torch.autograd.Function):
             many = getattr(s, "solve_many", None)
             return _columns(lambda bj, x0j: s.solve(dA, bj, x0j, reuse_pc=reuse, **k), b, x0,
                             None if many is None else lambda B, X0: many(dA, B, X0, reuse_pc=reuse, **k))
-        x, info = _with_reuse(solver, run, opts["reuse_pc"], True, opts["limit"], opts.get("fallback"))
+        x, info = _with_reuse(solver, run, opts["reuse_pc"], True, opts["limit"], opts.get("fallback"),
+                              (opts["rtol"], opts["atol"]))
         if opts["warm"]:
             _remember(solver, "x", x)
         out["info"] = info
