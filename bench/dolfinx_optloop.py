@@ -31,6 +31,14 @@ diagonal=right)`` both cut each square along its low-left to top-right diagonal)
   slasolve uses (``||b - A x|| <= rtol ||b||``, SciPy's meaning of ``rtol``), so the two
   have the same accuracy guarantee.
 
+**3-D linear elasticity** (``--problem elasticity``): P1 vectors on the unit cube cut into
+``6 n^3`` tetrahedra (the same Kuhn tetrahedra: slasolve's ``box_mesh(n, cell="tetra")`` and
+DOLFINx's ``create_unit_cube(n, n, n, tetrahedron)`` both cut each cube along its main diagonal),
+Young's modulus ``exp(theta)`` per cell, ``nu = 0.3``, body force ``(0, 0, -1)``, clamped at
+``x = 0``, ``d = 0.001 x y z`` per component; CG + GAMG with the rigid-body modes as
+near-nullspace on both sides (``near_nullspace=rigid_body_modes(space)``;
+``MatSetNearNullSpace`` as DOLFINx's elasticity demo does).
+
 Answers are checked in the run against a reference (slasolve, rtol 1e-13): the relative
 error of J and of two numbering-independent functionals of dJ/dtheta (its 2-norm and its
 sum weighted by ``1 + x + y^2`` at the centroids). The contenders alternate (order flipped
@@ -52,7 +60,7 @@ import torch  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import slasolve  # noqa: E402
-from slasolve.fem import Assembler, DirichletBC, boundary_dofs, box_mesh  # noqa: E402
+from slasolve.fem import Assembler, DirichletBC, boundary_dofs, box_mesh, rigid_body_modes  # noqa: E402
 from slasolve.petsc import PETSc  # noqa: E402
 
 RTOL = 1e-8
@@ -67,6 +75,10 @@ def data_of(x: np.ndarray) -> np.ndarray:
     return 0.05 * x[:, 0] * x[:, 1]
 
 
+def elastic_data_of(x: np.ndarray) -> np.ndarray:
+    return 1e-3 * x[:, 0] * x[:, 1] * x[:, 2]
+
+
 def weight_of(c: np.ndarray) -> np.ndarray:
     return 1.0 + c[:, 0] + c[:, 1] ** 2
 
@@ -78,27 +90,40 @@ def functionals(comm, J: float, g: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 class Slasolve:
-    def __init__(self, n: int, comm):
+    def __init__(self, n: int, comm, problem: str = "poisson"):
         self.comm = comm
-        mesh = box_mesh(n, cell="triangle", comm=comm)
-        self.space = sp = Assembler(mesh)
-        bd = boundary_dofs(sp)
+        self.elasticity = problem == "elasticity"
+        if self.elasticity:
+            mesh = box_mesh(n, cell="tetra", comm=comm)
+            self.space = sp = Assembler(mesh, 3)
+            bd = boundary_dofs(sp, where=lambda x: x[:, 0] < 1e-12)
+            self.f = sp.load(torch.tensor([0.0, 0.0, -1.0], dtype=torch.float64))
+            self.d = torch.from_numpy(elastic_data_of(sp.owned_dof_coords().numpy()))
+            self.kw = dict(near_nullspace=rigid_body_modes(sp))
+        else:
+            mesh = box_mesh(n, cell="triangle", comm=comm)
+            self.space = sp = Assembler(mesh)
+            bd = boundary_dofs(sp)
+            self.f = sp.load(1.0)
+            self.d = torch.from_numpy(data_of(sp.owned_coords().numpy()))
+            self.kw = {}
         self.bc = DirichletBC(sp, bd, torch.zeros(len(bd), dtype=torch.float64))
-        self.f = sp.load(1.0)
         self.c = sp.cell_coords.mean(1).numpy()
-        self.d = torch.from_numpy(data_of(sp.owned_coords().numpy()))
         self.w = weight_of(self.c)
         self.info = None
+
+    def operator(self, coefficient):
+        return self.space.elasticity(coefficient, 0.3) if self.elasticity else self.space.stiffness(coefficient)
 
     def thetas(self, k):
         return torch.from_numpy(theta_of(self.c, k))
 
     def iteration(self, theta0: torch.Tensor, **solve_kw):
         theta = theta0.clone().requires_grad_()
-        K = self.space.stiffness(torch.exp(theta))
+        K = self.operator(torch.exp(theta))
         K_bc, f_bc = self.bc.apply(K, self.f)
         u, info = slasolve.solve(K_bc, f_bc, "cg", pc="gamg", rtol=solve_kw.pop("rtol", RTOL), return_info=True,
-                                 **solve_kw)
+                                 **self.kw, **solve_kw)
         if not solve_kw:
             self.info = info
         J = slasolve.global_sum(0.5 * ((u - self.d) ** 2).sum(), self.comm)
@@ -107,31 +132,54 @@ class Slasolve:
 
 
 class Dolfinx:
-    def __init__(self, n: int, comm, unpreconditioned: bool):
+    def __init__(self, n: int, comm, unpreconditioned: bool, problem: str = "poisson"):
         import ufl
         from dolfinx import fem, mesh
         from dolfinx.fem import petsc as fpetsc
         self.fem, self.fpetsc = fem, fpetsc
         self.comm = comm
-        msh = mesh.create_unit_square(comm, n, n, mesh.CellType.triangle, diagonal=mesh.DiagonalType.right)
-        V = fem.FunctionSpace(msh, ("Lagrange", 1))
+        if problem == "elasticity":
+            msh = mesh.create_unit_cube(comm, n, n, n, mesh.CellType.tetrahedron)
+            V = fem.VectorFunctionSpace(msh, ("Lagrange", 1))
+        else:
+            msh = mesh.create_unit_square(comm, n, n, mesh.CellType.triangle, diagonal=mesh.DiagonalType.right)
+            V = fem.FunctionSpace(msh, ("Lagrange", 1))
         Q = fem.FunctionSpace(msh, ("DG", 0))
         self.theta, self.uh, self.lam = fem.Function(Q), fem.Function(V), fem.Function(V)
         u, v, q = ufl.TrialFunction(V), ufl.TestFunction(V), ufl.TestFunction(Q)
         kappa = ufl.exp(self.theta)
-        self.a = fem.form(kappa * ufl.inner(ufl.grad(u), ufl.grad(v)) * ufl.dx)
-        self.L = fem.form(fem.Constant(msh, PETSc.ScalarType(1.0)) * v * ufl.dx)
-        self.g = fem.form(-kappa * ufl.inner(ufl.grad(self.uh), ufl.grad(self.lam)) * q * ufl.dx)
-        msh.topology.create_connectivity(1, 2)
-        facets = mesh.exterior_facet_indices(msh.topology)
-        self.bc = fem.dirichletbc(PETSc.ScalarType(0.0), fem.locate_dofs_topological(V, 1, facets), V)
+        tdim = msh.topology.dim
+        if problem == "elasticity":
+            nu = 0.3
+            mu, lmbda = kappa / (2 * (1 + nu)), kappa * nu / ((1 + nu) * (1 - 2 * nu))
+
+            def sigma(w):
+                e = ufl.sym(ufl.grad(w))
+                return 2 * mu * e + lmbda * ufl.tr(e) * ufl.Identity(3)
+            self.a = fem.form(ufl.inner(sigma(u), ufl.sym(ufl.grad(v))) * ufl.dx)
+            self.L = fem.form(ufl.inner(fem.Constant(msh, PETSc.ScalarType((0.0, 0.0, -1.0))), v) * ufl.dx)
+            self.g = fem.form(-ufl.inner(sigma(self.uh), ufl.sym(ufl.grad(self.lam))) * q * ufl.dx)
+            facets = mesh.locate_entities_boundary(msh, tdim - 1, lambda x: np.isclose(x[0], 0.0))
+            zero = np.zeros(3, dtype=PETSc.ScalarType)
+            self.bc = fem.dirichletbc(zero, fem.locate_dofs_topological(V, tdim - 1, facets), V)
+        else:
+            self.a = fem.form(kappa * ufl.inner(ufl.grad(u), ufl.grad(v)) * ufl.dx)
+            self.L = fem.form(fem.Constant(msh, PETSc.ScalarType(1.0)) * v * ufl.dx)
+            self.g = fem.form(-kappa * ufl.inner(ufl.grad(self.uh), ufl.grad(self.lam)) * q * ufl.dx)
+            msh.topology.create_connectivity(tdim - 1, tdim)
+            facets = mesh.exterior_facet_indices(msh.topology)
+            self.bc = fem.dirichletbc(PETSc.ScalarType(0.0), fem.locate_dofs_topological(V, tdim - 1, facets), V)
         self.A = fpetsc.create_matrix(self.a)
         self.b = fpetsc.create_vector(self.L)
         self.r = fpetsc.create_vector(self.L)
         self.gv = fpetsc.create_vector(self.g)
-        self.n_owned = V.dofmap.index_map.size_local
+        bs = V.dofmap.index_map_bs
+        self.n_owned = V.dofmap.index_map.size_local * bs
         self.n_cells = Q.dofmap.index_map.size_local
-        self.d = data_of(V.tabulate_dof_coordinates()[: self.n_owned])
+        x = V.tabulate_dof_coordinates()[: V.dofmap.index_map.size_local]
+        self.d = elastic_data_of(np.repeat(x, 3, axis=0)) if problem == "elasticity" else data_of(x)
+        if problem == "elasticity":
+            self.A.setNearNullSpace(_rigid_body_nullspace(V))
         self.c = Q.tabulate_dof_coordinates()[: self.n_cells]
         self.w = weight_of(self.c)
         ksp = self.ksp = PETSc.KSP().create(comm)
@@ -179,9 +227,30 @@ class Dolfinx:
         return J, self.gv.array_r.copy()
 
 
-def run_size(n: int, trials: int, comm) -> dict:
-    sla = Slasolve(n, comm)
-    dfx = {"dolfinx": Dolfinx(n, comm, False), "dolfinx_unprec": Dolfinx(n, comm, True)}
+def _rigid_body_nullspace(V):
+    """The six rigid-body modes of a P1 vector space as a PETSc MatNullSpace (orthonormalised),
+    as DOLFINx's elasticity demo builds them."""
+    from dolfinx import la
+    im = V.dofmap.index_map
+    bs = V.dofmap.index_map_bs
+    n = im.size_local
+    x = V.tabulate_dof_coordinates()[:n]
+    basis = [la.create_petsc_vector(im, bs) for _ in range(6)]
+    arrays = [b.getArray() for b in basis]
+    for k in range(3):
+        arrays[k][k::3] = 1.0
+    arrays[3][0::3], arrays[3][1::3] = -x[:, 1], x[:, 0]
+    arrays[4][0::3], arrays[4][2::3] = x[:, 2], -x[:, 0]
+    arrays[5][2::3], arrays[5][1::3] = x[:, 1], -x[:, 2]
+    for b in basis:
+        b.assemble()
+    la.orthonormalize(basis)
+    return PETSc.NullSpace().create(vectors=basis)
+
+
+def run_size(n: int, trials: int, comm, problem: str = "poisson") -> dict:
+    sla = Slasolve(n, comm, problem)
+    dfx = {"dolfinx": Dolfinx(n, comm, False, problem), "dolfinx_unprec": Dolfinx(n, comm, True, problem)}
     calls = {"slasolve": lambda k: sla.iteration(sla.thetas(k))}
     for name, d in dfx.items():
         calls[name] = (lambda d: lambda k: d.iteration(d.thetas(k)))(d)
@@ -205,7 +274,7 @@ def run_size(n: int, trials: int, comm) -> dict:
         its = {"dolfinx": dfx["dolfinx"].ksp.getIterationNumber(),
                "dolfinx_unprec": dfx["dolfinx_unprec"].ksp.getIterationNumber()}
     its["slasolve"] = sla.info.iterations
-    res = {"n": n, "cells": 2 * n * n, "ranks": SIZE, "trials": trials, "iterations (last adjoint/forward)": its,
+    res = {"problem": problem, "n": n, "cells": 6 * n ** 3 if problem == "elasticity" else 2 * n * n, "ranks": SIZE, "trials": trials, "iterations (last adjoint/forward)": its,
            "times": {k: stats(v) for k, v in samples.items()}, "samples": samples,
            "max rel error (J, |g|, g.w)": {k: np.max(np.array(v), axis=0).tolist() for k, v in errors.items()}}
     for other in ("dolfinx", "dolfinx_unprec"):
@@ -215,7 +284,9 @@ def run_size(n: int, trials: int, comm) -> dict:
 
 def main(argv=None):
     p = base_parser(__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, nargs="*", default=None, help="cells per side (default 64 200 707)")
+    p.add_argument("--n", type=int, nargs="*", default=None, help="cells per side (default 64 200 707; "
+                   "elasticity 8 20 40)")
+    p.add_argument("--problem", nargs="*", default=["poisson", "elasticity"], choices=["poisson", "elasticity"])
     args = p.parse_args(argv)
     try:
         import dolfinx  # noqa: F401
@@ -223,18 +294,20 @@ def main(argv=None):
         rprint("DOLFINx is not importable (apt-get install python3-dolfinx): nothing to compare")
         return 0
     logging.disable(logging.INFO)   # FFCx and the C compiler log every JIT build at INFO
-    sizes = args.n or ([64] if args.quick else [64, 200, 707])
     trials = args.trials or (3 if args.quick else 7)
     out = {"rtol": RTOL, "sizes": []}
-    rprint(f"optimisation iteration, P1 Poisson, kappa = exp(theta), CG+GAMG rtol {RTOL:g}, {SIZE} rank(s)")
+    rprint(f"optimisation iteration, kappa / Young's modulus = exp(theta), CG+GAMG rtol {RTOL:g}, {SIZE} rank(s)")
     rprint(f"{'cells':>9} {'slasolve':>10} {'dolfinx':>10} {'dfx unprec':>10} {'sla/dfx':>18} "
            f"{'sla/dfx unprec':>18}  its (sla, dfx, dfx unprec)  max rel err J (sla, dfx, dfx unprec)")
-    for n in sizes:
-        r = run_size(n, trials if n < 500 else max(3, trials - 2), COMM)
+    todo = [(pr, n) for pr in args.problem for n in (args.n or (
+        ([64] if args.quick else [64, 200, 707]) if pr == "poisson" else ([8] if args.quick else [8, 20, 40])))]
+    for problem, n in todo:
+        big = n >= (500 if problem == "poisson" else 40)
+        r = run_size(n, max(3, trials - 2) if big else trials, COMM, problem)
         out["sizes"].append(r)
         t, e, i = r["times"], r["max rel error (J, |g|, g.w)"], r["iterations (last adjoint/forward)"]
         q = [r["slasolve/dolfinx"], r["slasolve/dolfinx_unprec"]]
-        rprint(f"{r['cells']:>9} {fmt_t(t['slasolve']['median']):>10} {fmt_t(t['dolfinx']['median']):>10} "
+        rprint(f"{problem[:4]} {r['cells']:>9} {fmt_t(t['slasolve']['median']):>10} {fmt_t(t['dolfinx']['median']):>10} "
                f"{fmt_t(t['dolfinx_unprec']['median']):>10} "
                + " ".join(f"{x['median']:5.2f} ({x['min']:.2f}-{x['max']:.2f})" for x in q)
                + f"  {i['slasolve']}, {i['dolfinx']}, {i['dolfinx_unprec']}"

@@ -189,3 +189,27 @@ def test_ml_uses_it_too(comm):
     assert i0.pc == "ml" and i1.iterations <= 0.7 * i0.iterations and i2.iterations > 1.5 * i1.iterations
     for x in (x1, x2):
         assert torch.allclose(x, x0, rtol=1e-5, atol=1e-6 * float(x0.abs().max()))
+
+
+def test_unchanged_near_nullspace_keeps_the_preconditioner(comm, monkeypatch):
+    """The same near-nullspace on every call of a loop (new values each time) never rebuilds the
+    preconditioner from scratch; the backward's adjoint solve sets nothing up either."""
+    from slasolve.krylov.petsc_backend import PetscKrylov
+    fresh = []
+    real = PetscKrylov._fresh_pc
+    monkeypatch.setattr(PetscKrylov, "_fresh_pc", lambda self, ksp: (fresh.append(1), real(self, ksp))[1])
+    V, K, A, b = _elasticity(comm, "tetra")
+    Z = rigid_body_modes(V)
+    _fresh(A)
+    ref = None
+    for k in range(3):
+        v = (A.values.detach() * (1.0 + 0.1 * k)).requires_grad_(True)
+        x, info = slasolve.solve(A.with_values(v), b, "cg", pc="gamg", rtol=1e-10, near_nullspace=Z,
+                                 return_info=True)
+        if k == 0:
+            ref = info.iterations
+            fresh.clear()
+        assert info.converged and info.iterations <= ref + 2
+        slasolve.global_sum(x.sum(), comm).backward()
+        assert torch.isfinite(v.grad).all()
+    assert not fresh, len(fresh)

@@ -72,10 +72,11 @@ from typing import Optional
 
 import numpy as np
 import torch
+from mpi4py import MPI
 
 from .. import _log
-from .._comm import check_collective
-from ..petsc import PETSc, _changed_anywhere, option_entries, temporary_options
+from .._comm import allreduce_int, check_collective
+from ..petsc import PETSc, option_entries, temporary_options
 from .info import REASONS, SolveInfo
 from .torch_methods import default_maxiter
 
@@ -644,7 +645,8 @@ class PetscKrylov:
                 self._fresh_pc(ksp)
             return
         Zd = Z.detach().to(device="cpu", dtype=torch.float64)
-        if built is not None and not _changed_anywhere(self.comm, built[0], Zd):
+        same = built is not None and built[0].shape == Zd.shape and torch.equal(built[0], Zd)
+        if allreduce_int(self.comm, int(not same), MPI.MAX) == 0:   # unchanged on every rank
             nsp = built[1]
         else:
             nsp = _near_nullspace(ksp.getOperators()[0], Zd, self.comm)
