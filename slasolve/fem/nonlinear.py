@@ -144,9 +144,43 @@ class NonlinearProblem:
         sp = self.space
         return sp.fetch_ghosts(u).reshape(-1, sp.bs)[sp.local_cells]
 
+    def _constant_data_key(self):
+        """Local. A key of the source and Neumann data when all of them are plain numbers (or
+        sequences of numbers): their load vector is then the same on every call and is kept.
+        None when any is a tensor (it may require grad or change in place) or a callable (it
+        may read state, e.g. the time)."""
+        def plain(v):
+            if isinstance(v, (bool, torch.Tensor)) or callable(v):
+                return None
+            if isinstance(v, (int, float)):
+                return float(v)
+            if isinstance(v, (list, tuple)) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                    for x in v):
+                return tuple(float(x) for x in v)
+            return None
+        parts = [None if self.source is None else plain(self.source)]
+        if self.source is not None and parts[0] is None:
+            return None
+        for g, facets in self._neumann:
+            pg = plain(g)
+            if pg is None:
+                return None
+            parts.append((pg, id(facets)))
+        return tuple(parts)
+
     def external(self) -> Optional[torch.Tensor]:
         """Collective. Owned-dof vector of the source and Neumann terms, ``∫ f·v + ∫_Γ g·v``
-        (``None`` when there are none). Differentiable in tensor-valued data."""
+        (``None`` when there are none). Differentiable in tensor-valued data. Kept between
+        calls while the data are plain numbers (decided alike on every rank: the data are)."""
+        key = self._constant_data_key()
+        kept = self.__dict__.get("_external_kept")
+        if key is not None and kept is not None and kept[0] == key:
+            return kept[1]
+        out = self._external()
+        self._external_kept = (key, out) if key is not None else None
+        return out
+
+    def _external(self) -> Optional[torch.Tensor]:
         sp = self.space
         out = None
         if self.source is not None:

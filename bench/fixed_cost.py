@@ -1,0 +1,159 @@
+"""Fixed cost per call at notebook sizes: slasolve against raw petsc4py and DOLFINx.
+
+Run: ``python bench/fixed_cost.py`` (``mpirun -n 2 python bench/fixed_cost.py`` for 2 ranks).
+DOLFINx 0.5 is optional (``apt-get install python3-dolfinx``): its rows are skipped without it.
+
+On a tiny problem (P1 Poisson on ``2 n^2`` triangles of the unit square, ``n = 8``: 81
+unknowns, Dirichlet rows, CG + GAMG, rtol 1e-8) the Krylov work is a few microseconds, so a
+call's time is its fixed cost: argument checks, Allreduces, Python, PETSc object handling.
+Values do not change between calls (no preconditioner set-up), except where said.
+
+* ``solve``: ``slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-8)`` against raw petsc4py's
+  ``ksp.solve(b, x)`` on the same Mat (a KSP made once, CG + GAMG, unpreconditioned norm) --
+  what DOLFINx's ``LinearProblem.solve`` calls after assembling -- and DOLFINx's
+  ``LinearProblem.solve()`` itself (assembly of A and b included).
+* ``solve + backward``: ``x = solve(K, f)`` with ``f.requires_grad_()``, ``x.sum().backward()``
+  (one adjoint solve) against raw ``ksp.solve`` twice (forward and adjoint: the matrix is
+  symmetric).
+* ``nonlinear_solve``: ``-div((1 + u^2) grad u) = 10`` with ``NonlinearDiffusion`` +
+  ``nonlinear_solve`` (GMRES + GAMG; 4 Newton steps) against DOLFINx ``NewtonSolver.solve``
+  (its residual and Jacobian assembly included, as slasolve's).
+
+Calls alternate; each sample is the mean of ``--inner`` calls, the table shows the median
+over ``--trials`` samples (slowest rank) in microseconds and the ratio.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import COMM, SIZE, base_parser, compare, rprint, write_json  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import slasolve  # noqa: E402
+from slasolve.fem import Assembler, DirichletBC, NonlinearDiffusion, boundary_dofs, box_mesh  # noqa: E402
+from slasolve.petsc import PETSc  # noqa: E402
+
+RTOL = 1e-8
+
+
+def slasolve_calls(n: int, comm):
+    sp = Assembler(box_mesh(n, cell="triangle", comm=comm))
+    bd = boundary_dofs(sp)
+    bc = DirichletBC(sp, bd, torch.zeros(len(bd), dtype=torch.float64))
+    K, f = bc.apply(sp.stiffness(1.0), sp.load(1.0))
+    fg = f.clone().requires_grad_(True)
+    P = NonlinearDiffusion(sp, bc, source=10.0)
+    u0 = sp.zeros()
+
+    def solve():
+        return slasolve.solve(K, f, "cg", pc="gamg", rtol=RTOL)
+
+    def solve_backward():
+        x = slasolve.solve(K, fg, "cg", pc="gamg", rtol=RTOL)
+        slasolve.global_sum(x.sum(), comm).backward()
+
+    def newton():
+        return slasolve.nonlinear_solve(P.residual, u0, jacobian=P.jacobian, rtol=1e-10,
+                                        linear_solver=dict(method="gmres", pc="gamg", rtol=1e-10))
+
+    return K, f, {"solve": solve, "solve + backward": solve_backward, "nonlinear_solve": newton}
+
+
+def raw_calls(K, f, comm):
+    A = K.to_petsc(mat_type="aij").duplicate(copy=True)
+    ksp = PETSc.KSP().create(comm)
+    ksp.setOperators(A)
+    ksp.setType("cg")
+    ksp.getPC().setType("gamg")
+    ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)
+    ksp.setTolerances(rtol=RTOL, atol=0.0)
+    ksp.setFromOptions()
+    x, b = A.createVecs()
+    b.setArray(f.detach().numpy())
+    lam = x.duplicate()
+    ksp.solve(b, x)
+
+    def solve():
+        ksp.solve(b, x)
+
+    def solve_backward():
+        ksp.solve(b, x)
+        ksp.solve(b, lam)
+
+    return {"solve": solve, "solve + backward": solve_backward}, (ksp, A, x, b, lam)
+
+
+def dolfinx_calls(n: int, comm):
+    try:
+        import ufl
+        from dolfinx import fem, mesh
+        from dolfinx.fem import petsc as fpetsc
+        from dolfinx.nls.petsc import NewtonSolver
+    except ImportError:
+        return {}
+    logging.disable(logging.INFO)   # FFCx and the C compiler log every JIT build at INFO
+    msh = mesh.create_unit_square(comm, n, n, mesh.CellType.triangle, diagonal=mesh.DiagonalType.right)
+    V = fem.FunctionSpace(msh, ("Lagrange", 1))
+    u, v = ufl.TrialFunction(V), ufl.TestFunction(V)
+    msh.topology.create_connectivity(1, 2)
+    facets = mesh.exterior_facet_indices(msh.topology)
+    bc = fem.dirichletbc(PETSc.ScalarType(0.0), fem.locate_dofs_topological(V, 1, facets), V)
+    one = fem.Constant(msh, PETSc.ScalarType(1.0))
+    lp = fpetsc.LinearProblem(ufl.inner(ufl.grad(u), ufl.grad(v)) * ufl.dx, one * v * ufl.dx, bcs=[bc],
+                              petsc_options={"ksp_type": "cg", "pc_type": "gamg", "ksp_rtol": RTOL})
+    uh = fem.Function(V)
+    F = (1 + uh ** 2) * ufl.inner(ufl.grad(uh), ufl.grad(v)) * ufl.dx - 10.0 * one * v * ufl.dx
+    newton = NewtonSolver(comm, fpetsc.NonlinearProblem(F, uh, bcs=[bc]))
+    newton.rtol, newton.atol, newton.convergence_criterion = 1e-10, 0.0, "residual"
+    ksp = newton.krylov_solver
+    prefix = ksp.getOptionsPrefix() or ""
+    opts = PETSc.Options()
+    for k, val in {"ksp_type": "gmres", "pc_type": "gamg", "ksp_rtol": 1e-10}.items():
+        opts[prefix + k] = val
+    ksp.setFromOptions()
+
+    def nl():
+        uh.x.array[:] = 0.0
+        newton.solve(uh)
+
+    return {"solve": lp.solve, "nonlinear_solve": nl}
+
+
+def main(argv=None):
+    p = base_parser(__doc__.splitlines()[0])
+    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--inner", type=int, default=20)
+    args = p.parse_args(argv)
+    trials = args.trials or (5 if args.quick else 15)
+    K, f, sla = slasolve_calls(args.n, COMM)
+    raw, _keep = raw_calls(K, f, COMM)
+    dfx = dolfinx_calls(args.n, COMM)
+    out = {"n": args.n, "unknowns": K.global_shape[0], "ranks": SIZE, "rows": []}
+    rprint(f"fixed cost per call, {K.global_shape[0]} unknowns, {SIZE} rank(s), median of {trials} x "
+           f"{args.inner} calls (us)")
+    rprint(f"{'call':>18} {'slasolve':>10} {'raw petsc4py':>13} {'DOLFINx':>10} {'sla/raw':>8} {'sla/dfx':>8}")
+    for name, fn in sla.items():
+        contenders = {"slasolve": fn}
+        if name in raw:
+            contenders["raw"] = raw[name]
+        if name in dfx:
+            contenders["dolfinx"] = dfx[name]
+        res = compare(contenders, trials=trials, warmup=2, inner=args.inner)
+        t = {k: v["median"] * 1e6 for k, v in res.items()}
+        row = {"call": name, "us": t}
+        out["rows"].append(row)
+        rprint(f"{name:>18} {t['slasolve']:10.0f} {t.get('raw', float('nan')):13.0f} "
+               f"{t.get('dolfinx', float('nan')):10.0f} {t['slasolve'] / t.get('raw', np.nan):8.2f} "
+               f"{t['slasolve'] / t.get('dolfinx', np.nan):8.2f}")
+    write_json(args.json or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                         f"fixed_cost_n{SIZE}.json"), out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
