@@ -1,6 +1,6 @@
 """Communicator helpers: default communicator, collective validation, reductions.
 
-slasolve's rule for errors (DESIGN.md section 8): validation that can fail on one
+slasolve's rule for errors (README "MPI"): validation that can fail on one
 rank is combined across ranks, and the same exception is raised on every rank, so
 that no rank is left waiting in a collective that the failing rank never enters.
 """

@@ -1,6 +1,6 @@
 """SparseTensor: local sparse data in CSR (scalar) or BSR (block) storage.
 
-Shape contract (DESIGN.md section 1): ``(*batch, M, N, *block)``. ``M`` and ``N``
+Shape contract: ``(*batch, M, N, *block)``. ``M`` and ``N``
 count block rows and block columns (for a scalar matrix ``block == ()`` and they
 are plain rows and columns); the operator that ``A @ x`` applies is
 ``(M * br) x (N * bc)``. All batch entries share one sparsity pattern; values have

@@ -1,4 +1,4 @@
-"""Collective error semantics (DESIGN.md section 8).
+"""Collective error semantics (README "MPI", docs/decisions.md).
 
 Each bad input is given on ONE rank only (the last one); EVERY rank must raise
 (``pytest.raises`` on all ranks) and nothing may hang. Afterwards the

@@ -1,4 +1,4 @@
-"""Faults under mpirun: a job must end (non-zero), never hang (DESIGN.md section 8).
+"""Faults under mpirun: a job must end (non-zero), never hang (README "MPI", docs/decisions.md).
 
 These tests run serially (not marked mpi): each launches its own small
 ``mpirun -n 2`` / ``-n 3`` job under ``timeout`` and checks how it ends. Exit

@@ -1,4 +1,4 @@
-"""Finite elements on distributed meshes (DESIGN.md section 7).
+"""Finite elements on distributed meshes.
 
 * :mod:`slasolve.fem.elements` -- local, vectorised element kernels in torch
   (all elements at once, differentiable in per-element coefficients):

@@ -1,4 +1,4 @@
-"""Distributed, vectorised, differentiable finite element assembly (DESIGN.md section 7).
+"""Distributed, vectorised, differentiable finite element assembly.
 
 An :class:`Assembler` is built once per mesh and dof layout (collective). It
 precomputes, with no Python loop over elements or nonzeros,
