@@ -98,7 +98,8 @@ class Case:
         """Values of iteration ``k``: ``D_k A D_k`` (CSR order, slasolve order)."""
         def d(i):  # smooth over the domain (GAMG's near-nullspace stays smooth)
             return 1.0 + 0.3 * np.sin(0.7 * k + 2 * np.pi * i / self.N)
-        v = self.V0 * d(self.rows + self.r0) * d(self.indices.astype(np.int64))
+        # d_i d_j first: exactly symmetric values for a symmetric A ((a d_i) d_j and (a d_j) d_i round apart)
+        v = self.V0 * (d(self.rows + self.r0) * d(self.indices.astype(np.int64)))
         return v, self.to_sla(v).reshape(self.vshape)
 
 

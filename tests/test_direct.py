@@ -504,3 +504,36 @@ def test_ranks_without_rows(comm):
     XT = F.solve(B, transpose=True)
     ref = np.linalg.solve(A.toarray().T, np.array([[1.0, 2.0], [2.0, 4.0]]))[lo:hi]
     assert np.allclose(XT.numpy(), ref)
+
+
+@pytest.mark.parametrize("case", ["symmetric", "one_ulp", "structural", "block_symmetric", "block_one_ulp"])
+def test_one_rank_symmetry_test_agrees_with_petsc_transpose(case):
+    """The one-rank symmetry test (the CSR against its cached transpose permutation) gives the
+    answer of the explicit PETSc transpose on exactly symmetric, one-ulp-off and structurally
+    nonsymmetric matrices, scalar and block."""
+    pytest.importorskip("petsc4py")
+    from slasolve.direct.petsc_backend import _exactly_symmetric
+    from slasolve.petsc import _create
+    n = 30
+    R = sp.random(n, n, density=0.15, random_state=4, format="csr")
+    S = (R + R.T + sp.identity(n) * 5).tocsr()
+    if case in ("one_ulp", "block_one_ulp"):
+        S = S.tolil()
+        i, j = next((i, j) for i, j in zip(*S.nonzero()) if i != j)
+        S[i, j] = np.nextafter(S[i, j], np.inf)
+        S = S.tocsr()
+    elif case == "structural":
+        S = S.tolil()
+        S[0, n - 1], S[n - 1, 0] = 1.0, 0.0
+        S = S.tocsr()
+        S.eliminate_zeros()
+    if case.startswith("block"):
+        S = sp.kron(S, sp.csr_matrix(np.array([[2.0, 0.5], [0.5, 3.0]]))).tobsr((2, 2))
+    dA = slasolve.DSparseTensor.from_global(S, MPI.COMM_SELF)
+    mat = _create(dA, "aij")
+    try:
+        fast = _exactly_symmetric(mat, dA)
+        reference = _exactly_symmetric(mat)
+    finally:
+        mat.destroy()
+    assert fast == reference == (case in ("symmetric", "block_symmetric")), (fast, reference)
