@@ -189,6 +189,16 @@ def timed(fn: Callable[[], object], comm=None) -> float:
     return comm.allreduce(dt, op=MPI.MAX)
 
 
+def timed_call(fn: Callable[[], object], comm=None):
+    """Collective. ``(fn(), seconds)``: barrier first, slowest rank."""
+    comm = comm or COMM
+    comm.Barrier()
+    t0 = time.perf_counter()
+    out = fn()
+    dt = time.perf_counter() - t0
+    return out, comm.allreduce(dt, op=MPI.MAX)
+
+
 def stats(samples: Sequence[float]) -> Dict[str, float]:
     s = sorted(samples)
     q = np.percentile(s, [25, 75]) if len(s) > 1 else [s[0], s[0]]

@@ -59,9 +59,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (COMM, RANK, SIZE, base_parser, compare, fmt_t, ratio, rprint, stats,  # noqa: E402
+from common import (COMM, RANK, SIZE, base_parser, compare, fmt_t, ratio, rprint, stats, timed_call,  # noqa: E402
                     write_json)
-from optloop import Case, elasticity_case, poisson_case  # noqa: E402
+from optloop import Case, elasticity_case, poisson_case, raw_vectors  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -77,15 +77,6 @@ def rel(comm, a, b) -> float:
     num = comm.allreduce(float(np.abs(np.asarray(a) - np.asarray(b)).max(initial=0.0)), op=MPI.MAX)
     den = comm.allreduce(float(np.abs(np.asarray(b)).max(initial=0.0)), op=MPI.MAX)
     return num / max(den, 1e-300)
-
-
-def phase(fn, comm):
-    """Collective. ``(result, seconds)`` of ``fn()``: barrier first, slowest rank."""
-    comm.Barrier()
-    t0 = time.perf_counter()
-    out = fn()
-    dt = time.perf_counter() - t0
-    return out, comm.allreduce(dt, op=MPI.MAX)
 
 
 def live_info(P: Case, fz):
@@ -117,16 +108,7 @@ class RawDirect:
         pc.setFactorSolverType("mumps")
         ksp.setFromOptions()
         self.ksp = ksp
-        self.b = A.createVecLeft()
-        self.b.getArray()[:] = P.b.numpy()
-        self.cv = A.createVecLeft()
-        self.cv.getArray()[:] = P.c.numpy()
-        self.x, self.lam = A.createVecRight(), A.createVecRight()
-        cols = np.unique(P.indices)
-        self.colpos = np.searchsorted(cols, P.indices)
-        self.xg = PETSc.Vec().createSeq(cols.size, comm=PETSc.COMM_SELF)
-        isg = PETSc.IS().createGeneral(cols.astype(PETSc.IntType), comm=PETSc.COMM_SELF)
-        self.sc = PETSc.Scatter().create(self.x, isg, self.xg, None)
+        raw_vectors(self, A, P)
         self.grad = None
 
     def forward(self, v_csr):
@@ -192,16 +174,16 @@ def run_kind(P: Case, kind: str, trials: int, warmup: int, kcount) -> dict:
         k = next(kcount)   # fresh values for every call: no contender ever finds cached factors
         vc, vs = P.values(k)
         if name == "raw_petsc4py":
-            _, tf = phase(lambda: raw.forward(vc), comm)
-            _, tb = phase(raw.adjoint, comm)
+            _, tf = timed_call(lambda: raw.forward(vc), comm)
+            _, tb = timed_call(raw.adjoint, comm)
             if record:
                 S["raw_fwd"].append(tf), S["raw_adj"].append(tb)
         elif name == "spsolve":
             f0 = live_info(P, fz)
             f0 = None if f0 is None else f0.copy()
-            _, tf = phase(lambda: sla.forward(vs), comm)
+            _, tf = timed_call(lambda: sla.forward(vs), comm)
             fi = live_info(P, fz).copy()   # before the backward adds its transposed solve
-            _, tb = phase(sla.backward, comm)
+            _, tb = timed_call(sla.backward, comm)
             if record:
                 S["spsolve_fwd"].append(tf), S["spsolve_bwd"].append(tb)
                 if f0 is not None:   # this rank's MUMPS factor / solve time in the forward call
@@ -209,7 +191,7 @@ def run_kind(P: Case, kind: str, trials: int, warmup: int, kcount) -> dict:
                     sol = fi.solve_time - f0.solve_time
                     ph["factor"].append(fac), ph["solve"].append(sol), ph["other"].append(tf - fac - sol)
         else:
-            _, tf = phase(lambda: sla.solve_direct(vs), comm)
+            _, tf = timed_call(lambda: sla.solve_direct(vs), comm)
             if record:
                 S["solve_direct_fwd"].append(tf)
 

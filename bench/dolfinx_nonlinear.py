@@ -35,6 +35,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import COMM, SIZE, base_parser, fmt_t, rprint, stats, timed, write_json  # noqa: E402
+from dolfinx_optloop import data_of, functionals, weight_of  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -50,20 +51,6 @@ SOURCE = 10.0
 
 def theta_of(c: np.ndarray) -> np.ndarray:
     return 0.3 * np.sin(3 * c[:, 0]) * np.cos(2 * c[:, 1])
-
-
-def data_of(x: np.ndarray) -> np.ndarray:
-    return 0.05 * x[:, 0] * x[:, 1]
-
-
-def weight_of(c: np.ndarray) -> np.ndarray:
-    return 1.0 + c[:, 0] + c[:, 1] ** 2
-
-
-def functionals(comm, J: float, g: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Collective. ``(J, ||g||_2, sum g w)``: independent of the cell numbering."""
-    s = comm.allreduce(np.array([float(g @ g), float(g @ w)]), op=MPI.SUM)
-    return np.array([J, np.sqrt(s[0]), s[1]])
 
 
 class Slasolve:

@@ -47,7 +47,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import COMM, SIZE, base_parser, fmt_t, rprint, stats, write_json  # noqa: E402
+from common import COMM, SIZE, base_parser, fmt_t, rprint, stats, timed_call, write_json  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -62,15 +62,6 @@ LIN_RTOL = 1e-8      # inner GMRES
 ADJ_RTOL = 1e-10     # the adjoint solve (what nonlinear_solve's backward uses: min(inner rtol, 1e-10))
 MAXIT = 50
 EPS = 1e-12
-
-
-def phase(fn, comm):
-    """Collective. ``(result, seconds)``: barrier first, slowest rank."""
-    comm.Barrier()
-    t0 = time.perf_counter()
-    out = fn()
-    dt = time.perf_counter() - t0
-    return out, comm.allreduce(dt, op=MPI.MAX)
 
 
 def rel(comm, a, b) -> float:
@@ -262,15 +253,15 @@ def run_size(n: int, trials: int, warmup: int, diag: bool = True) -> dict:
     def one(name, k, record):
         kap = Pb.kappa_k(k)   # both contenders of trial k: the same coefficient; every trial a new one
         if name == "raw_snes":
-            _, tf = phase(lambda: raw.solve(kap), comm)
-            _, tg = phase(raw.gradient, comm)
+            _, tf = timed_call(lambda: raw.solve(kap), comm)
+            _, tg = timed_call(raw.gradient, comm)
             if record:
                 S["raw_fwd"].append(tf), S["raw_grad"].append(tg)
                 for k, v in raw.gtimes.items():
                     gsplit.setdefault(k, []).append(v)
         else:
-            _, tf = phase(lambda: sla.solve(kap), comm)
-            _, tg = phase(sla.gradient, comm)
+            _, tf = timed_call(lambda: sla.solve(kap), comm)
+            _, tg = timed_call(sla.gradient, comm)
             if record:
                 S["sla_fwd"].append(tf), S["sla_grad"].append(tg)
                 i = sla.info

@@ -103,6 +103,23 @@ class Case:
         return v, self.to_sla(v).reshape(self.vshape)
 
 
+def raw_vectors(obj, A, P) -> None:
+    """Local (the scatter's creation is collective). On ``obj``: ``b``, ``cv`` (loss weights),
+    ``x``, ``lam`` Vecs of ``A`` and the scatter ``sc`` of x's values at every column this rank's
+    rows touch into ``xg`` (``colpos``: each stored entry's position there), as a raw petsc4py
+    user writes the value gradient."""
+    obj.b = A.createVecLeft()
+    obj.b.getArray()[:] = P.b.numpy()
+    obj.cv = A.createVecLeft()
+    obj.cv.getArray()[:] = P.c.numpy()
+    obj.x, obj.lam = A.createVecRight(), A.createVecRight()
+    cols = np.unique(P.indices)
+    obj.colpos = np.searchsorted(cols, P.indices)
+    obj.xg = PETSc.Vec().createSeq(cols.size, comm=PETSc.COMM_SELF)
+    isg = PETSc.IS().createGeneral(cols.astype(PETSc.IntType), comm=PETSc.COMM_SELF)
+    obj.sc = PETSc.Scatter().create(obj.x, isg, obj.xg, None)
+
+
 def poisson_case(nx: int) -> Case:
     from slasolve.dsparse import DSparseTensor
     n = nx * nx
@@ -146,17 +163,7 @@ class Raw:
         ksp.setFromOptions()
         opts.delValue("pc_gamg_reuse_interpolation")
         self.ksp = ksp
-        self.b = A.createVecLeft()
-        self.b.getArray()[:] = P.b.numpy()
-        self.cv = A.createVecLeft()
-        self.cv.getArray()[:] = P.c.numpy()
-        self.x, self.lam = A.createVecRight(), A.createVecRight()
-        # ghost values of x: every column this rank's rows touch, in one scatter
-        cols = np.unique(P.indices)
-        self.colpos = np.searchsorted(cols, P.indices)
-        self.xg = PETSc.Vec().createSeq(cols.size, comm=PETSc.COMM_SELF)
-        isg = PETSc.IS().createGeneral(cols.astype(PETSc.IntType), comm=PETSc.COMM_SELF)
-        self.sc = PETSc.Scatter().create(self.x, isg, self.xg, None)
+        raw_vectors(self, A, P)
         self.times = {}
         self.grad = self.xout = None
         self.iterations = None
