@@ -60,6 +60,7 @@ def jobs(quick: bool):
     for n in (1, 2):  # the user's workflows against DOLFINx 0.5 (optional contender; skipped without it)
         J.append((f"dolfinx_optloop_n{n}", "dolfinx_optloop.py", mpirun(n), q, 1200, False))
         J.append((f"dolfinx_nonlinear_n{n}", "dolfinx_nonlinear.py", mpirun(n), q, 1200, False))
+        J.append((f"fixed_cost_n{n}", "fixed_cost.py", mpirun(n), q, 600, False))
     for n in (1, 2):  # sparse direct solves (MUMPS): spsolve vs raw KSP preonly + LU/Cholesky, backward, SciPy
         J.append((f"direct_n{n}", "direct.py", mpirun(n), q, 600, False))
     for n in (1, 2):  # Newton-Krylov: nonlinear_solve vs raw SNES on fem.NonlinearDiffusion, + IFT gradient
@@ -323,6 +324,20 @@ def workflow_section(R, A) -> None:
               f"{fmt(g['times']['slasolve']['median'])} | {fmt(g['times']['dolfinx']['median'])} | "
               f"{rng(g['slasolve/dolfinx'])} | {r['newton its']['slasolve']}, {r['newton its']['dolfinx']} | "
               + ", ".join(f"{x:.0e}" for x in r["rel diff (J, |g|, g.w)"]) + " |")
+        A("")
+    fixed = [(n, get(R, f"fixed_cost_n{n}")) for n in (1, 2)]
+    if any(d for _, d in fixed):
+        A("**Fixed cost per call** (`bench/fixed_cost.py`): 81 unknowns, values unchanged between calls, "
+          "microseconds (median). raw: petsc4py `ksp.solve` on the same Mat (twice for solve + backward); "
+          "DOLFINx: `LinearProblem.solve()` (its assembly of A and b included) and `NewtonSolver.solve` "
+          "(with its residual/Jacobian assembly, as slasolve's).\n")
+        A("| call | ranks | slasolve | raw petsc4py | DOLFINx |")
+        A("|---|---|---|---|---|")
+        for n, d in fixed:
+            for row in (d or {}).get("rows", []):
+                t = row["us"]
+                A(f"| {row['call']} | {n} | {t['slasolve']:.0f} | "
+                  + " | ".join(f"{t[k]:.0f}" if k in t else "-" for k in ("raw", "dolfinx")) + " |")
         A("")
 
 
