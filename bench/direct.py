@@ -61,7 +61,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (COMM, RANK, SIZE, base_parser, compare, fmt_t, ratio, rprint, stats, timed_call,  # noqa: E402
                     write_json)
-from optloop import Case, elasticity_case, poisson_case, raw_vectors  # noqa: E402
+from optloop import Case, elasticity_case, poisson_case, raw_mat, raw_vectors  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -94,12 +94,7 @@ class RawDirect:
 
     def __init__(self, P: Case, pc_type: str):
         self.P = P
-        m, N = P.m, P.N
-        A = PETSc.Mat().createAIJ(size=((m, N), (m, N)), bsize=P.bs if P.bs > 1 else None,
-                                  csr=(P.indptr, P.indices, P.V0), comm=P.comm)
-        A.setOption(PETSc.Mat.Option.NEW_NONZERO_ALLOCATION_ERR, True)
-        A.assemble()
-        self.A = A
+        self.A = A = raw_mat(P)
         ksp = PETSc.KSP().create(comm=P.comm)
         ksp.setOperators(A)
         ksp.setType("preonly")

@@ -29,13 +29,12 @@ its sum weighted by ``1 + x + y^2``) are checked against each other in the run.
 """
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import COMM, SIZE, base_parser, fmt_t, rprint, stats, timed, write_json  # noqa: E402
-from dolfinx_optloop import data_of, functionals, weight_of  # noqa: E402
+from dolfinx_optloop import data_of, dolfinx_available, functionals, weight_of  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -183,12 +182,8 @@ def main(argv=None):
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--n", type=int, nargs="*", default=None, help="cells per side (default 64 500)")
     args = p.parse_args(argv)
-    try:
-        import dolfinx  # noqa: F401
-    except ImportError:
-        rprint("DOLFINx is not importable (apt-get install python3-dolfinx): nothing to compare")
+    if not dolfinx_available():
         return 0
-    logging.disable(logging.INFO)   # FFCx and the C compiler log every JIT build at INFO
     sizes = args.n or ([64] if args.quick else [64, 500])
     trials = args.trials or (3 if args.quick else 5)
     out = {"rtol": RTOL, "sizes": []}

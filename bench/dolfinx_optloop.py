@@ -66,6 +66,18 @@ from slasolve.petsc import PETSc  # noqa: E402
 RTOL = 1e-8
 
 
+def dolfinx_available() -> bool:
+    """Collective (every rank imports). Whether DOLFINx imports (a message on rank 0 if not); quiets
+    the INFO logging that FFCx and the C compiler write for every JIT build."""
+    try:
+        import dolfinx  # noqa: F401
+    except ImportError:
+        rprint("DOLFINx is not importable (apt-get install python3-dolfinx): nothing to compare")
+        return False
+    logging.disable(logging.INFO)
+    return True
+
+
 def theta_of(c: np.ndarray, k: int) -> np.ndarray:
     """Local. The log conductivity of iteration ``k`` at centroids ``c`` ``(m, >=2)``."""
     return 0.5 * np.sin(3 * c[:, 0] + 0.3 * k) * np.cos(2 * c[:, 1])
@@ -288,12 +300,8 @@ def main(argv=None):
                    "elasticity 8 20 40)")
     p.add_argument("--problem", nargs="*", default=["poisson", "elasticity"], choices=["poisson", "elasticity"])
     args = p.parse_args(argv)
-    try:
-        import dolfinx  # noqa: F401
-    except ImportError:
-        rprint("DOLFINx is not importable (apt-get install python3-dolfinx): nothing to compare")
+    if not dolfinx_available():
         return 0
-    logging.disable(logging.INFO)   # FFCx and the C compiler log every JIT build at INFO
     trials = args.trials or (3 if args.quick else 7)
     out = {"rtol": RTOL, "sizes": []}
     rprint(f"optimisation iteration, kappa / Young's modulus = exp(theta), CG+GAMG rtol {RTOL:g}, {SIZE} rank(s)")

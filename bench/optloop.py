@@ -103,6 +103,15 @@ class Case:
         return v, self.to_sla(v).reshape(self.vshape)
 
 
+def raw_mat(P) -> "PETSc.Mat":
+    """Collective. The AIJ Mat a raw petsc4py user makes from the case's CSR (block size set)."""
+    A = PETSc.Mat().createAIJ(size=((P.m, P.N), (P.m, P.N)), bsize=P.bs if P.bs > 1 else None,
+                              csr=(P.indptr, P.indices, P.V0), comm=P.comm)
+    A.setOption(PETSc.Mat.Option.NEW_NONZERO_ALLOCATION_ERR, True)
+    A.assemble()
+    return A
+
+
 def raw_vectors(obj, A, P) -> None:
     """Local (the scatter's creation is collective). On ``obj``: ``b``, ``cv`` (loss weights),
     ``x``, ``lam`` Vecs of ``A`` and the scatter ``sc`` of x's values at every column this rank's
@@ -146,12 +155,7 @@ class Raw:
 
     def __init__(self, P: Case):
         self.P = P
-        m, N = P.m, P.N
-        A = PETSc.Mat().createAIJ(size=((m, N), (m, N)), bsize=P.bs if P.bs > 1 else None,
-                                  csr=(P.indptr, P.indices, P.V0), comm=P.comm)
-        A.setOption(PETSc.Mat.Option.NEW_NONZERO_ALLOCATION_ERR, True)
-        A.assemble()
-        self.A = A
+        self.A = A = raw_mat(P)
         opts = PETSc.Options()
         opts["pc_gamg_reuse_interpolation"] = "false"
         ksp = PETSc.KSP().create(comm=P.comm)

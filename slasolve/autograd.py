@@ -41,7 +41,7 @@ def symmetry_defect(dA) -> float:
     return abs(s[0] - s[1]) / scale if scale > 0 else 0.0
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=4)
 def _probe_vectors(r0: int, r1: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Local. The two probe columns of :func:`symmetry_defect` for global rows ``[r0, r1)``
     (read only; made once per row range, as every backward of a loop checks the same rows)."""

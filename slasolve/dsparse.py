@@ -142,6 +142,7 @@ class _RowLayout:
             self.off_row = _rows_of(pattern.indptr, self.offd_pos)
         self.bulk = None  # the forward product's index arrays: built on the first product
         self._transposed = None
+        self._diag_entries = None  # (rows, positions) of the stored diagonal, found on first use
         self.petsc_mat = None
         self.petsc_filled_from = None
 
@@ -253,7 +254,7 @@ class _RowLayout:
         """Local. ``(rows, positions)`` of the stored main-diagonal entries (O(rows) int64 each),
         found once by scanning the rows in chunks: the pattern never changes, and solvers whose
         preconditioner needs a nonzero diagonal read it on every call."""
-        found = getattr(self, "_diag_entries", None)
+        found = self._diag_entries
         if found is None:
             p = self._pattern
             n = self.rend - self.rstart

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import NamedTuple
 
 import torch
 
@@ -151,11 +152,25 @@ class _Callbacks:
                 self.callback(int(its), float(fnorm))
 
 
+class _Run(NamedTuple):
+    """One SNES solve: its solution, reason, iteration count, line search, callbacks (history),
+    SNES / KSP / PC types, tolerances in force ``(rtol, atol, stol, max_it)``, set-up seconds."""
+    u: torch.Tensor
+    reason: str
+    its: int
+    line: str
+    cb: _Callbacks
+    method: str
+    ksp_type: str
+    pc: str
+    tols: tuple
+    setup: float
+
+
 def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
-              petsc_options, options_prefix, r0, extra) -> tuple:
+              petsc_options, options_prefix, r0, extra) -> _Run:
     """Collective. One SNES solve from ``u0`` with the option entries ``extra`` on top of the
-    defaults: ``(u, reason, its, line search, callbacks, SNES type, KSP type, PC type,
-    (rtol, atol, stol, max_it), set-up seconds)``."""
+    defaults."""
     from ..petsc import _create
     t0 = time.perf_counter()
     comm = prob.comm
@@ -219,7 +234,7 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
         F.destroy()
         if Jmat is not None:
             Jmat.destroy()
-    return u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup
+    return _Run(u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup)
 
 
 def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, use_jacobian,
@@ -237,7 +252,7 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
     out = _snes_run(*args, {})
     kept = not PETSc.Options(options_prefix).hasName("pc_gamg_reuse_interpolation") and \
         "pc_gamg_reuse_interpolation" not in option_entries(petsc_options)
-    if kept and out[1] == "DIVERGED_LINEAR_SOLVE" and out[7] == "gamg":  # the same on every rank
+    if kept and out.reason == "DIVERGED_LINEAR_SOLVE" and out.pc == "gamg":  # the same on every rank
         out = _snes_run(*args, _REBUILD_ENTRIES)
     u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup = out
     # the true residual of the returned u decides "converged"
