@@ -315,3 +315,19 @@ def test_bad_dirichlet_raise_everywhere():
     bc = DirichletBC(V, torch.tensor([d0]), 0.0)
     with pytest.raises(ValueError, match="same layout"):
         bc.apply(other.stiffness(), None)
+
+
+@pytest.mark.parametrize("cell,n", CASES)
+def test_elasticity_exactly_symmetric(cell, n):
+    """K(E) is symmetric to the last bit for any per-cell Young's modulus (each owned row (i, j)
+    equals the transposed entry, wherever it is owned): spsolve's exact test then picks Cholesky."""
+    mesh = box_mesh(n, cell=cell, comm=COMM)
+    V = Assembler(mesh, mesh.dim)
+    young = 0.5 + torch.rand(mesh.n_local_cells, dtype=torch.float64,
+                             generator=torch.Generator().manual_seed(7 + COMM.rank))
+    K = V.elasticity(young, 0.3).local.scalar()
+    r0 = V.dof_range[0]
+    rows = np.repeat(np.arange(K.indptr.numel() - 1) + r0, np.diff(K.indptr.numpy()))
+    mine = sp.coo_matrix((K.values.numpy(), (rows, K.indices.numpy())), shape=(V.n_global_dofs,) * 2)
+    A = sp.csr_matrix(sum(COMM.allgather(mine.tocsr())))
+    assert abs(A - A.T).max() == 0.0

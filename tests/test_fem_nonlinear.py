@@ -288,3 +288,19 @@ def test_manufactured_with_neumann_converges_at_second_order(problem, cell):
     rates = convergence_rates(errs, [1.0 / n for n in levels])
     assert rates[-1] >= 1.85 and rates[0] >= 1.6, (errs, rates)
     assert len({round(e, 13) for e in COMM.allgather(errs[-1])}) == 1
+
+
+def test_kept_load_follows_the_data():
+    """The source load kept between residual calls (plain numbers) is rebuilt when ``P.source``
+    changes and never kept for a callable or a tensor: each residual equals a fresh problem's."""
+    mesh = box_mesh((4, 4), cell="triangle", comm=COMM)
+    V = Assembler(mesh)
+    bc = DirichletBC(V, boundary_dofs(V, lambda x: x[:, 0] < EPS), 0.0)
+    u = V.interpolate(lambda x: x[:, 0] * x[:, 1])
+    flux = (1.0, lambda x: x[:, 0] > 1 - EPS)
+    P = NonlinearDiffusion(V, bc, source=2.0, neumann=flux)
+    for source in (2.0, 3.0, lambda x: 1 + x[:, 0], torch.tensor(1.5, dtype=torch.float64), 3.0, -1.0):
+        P.source = source
+        fresh = NonlinearDiffusion(V, bc, source=source, neumann=flux)
+        for _ in range(2):
+            torch.testing.assert_close(P.residual(u), fresh.residual(u), rtol=0, atol=0)
