@@ -76,6 +76,7 @@ class Pattern:
         self._transpose: Optional[tuple] = None
         self._scalar: dict = {}
         self._csr32: Optional[tuple] = None
+        self._mirror: dict = {}
 
     @property
     def nnz(self) -> int:
@@ -104,6 +105,29 @@ class Pattern:
             pt = Pattern(indptr_t, rows[perm].contiguous(), self.N, self.M)
             self._transpose = (pt, perm)
         return self._transpose
+
+    def mirror(self, offset: int) -> tuple:
+        """``(inner, perm)`` for a block of rows ``offset .. offset + M`` of a larger
+        matrix (``N`` global columns): ``inner`` marks the entries whose column is one of
+        these rows, and ``values[inner][perm]`` is each such entry's mirror ``(j, i)``;
+        ``perm`` is None when a mirror is not stored (the pattern is not symmetric there)."""
+        offset = int(offset)
+        if offset not in self._mirror:
+            rows, cols = self.rows(), self.indices - offset
+            inner = (cols >= 0) & (cols < self.M)
+            r, c = rows[inner], cols[inner]
+            perm = None
+            if r.numel():
+                key = r * self.M + c
+                order = torch.argsort(key)
+                skey = key[order]
+                pos = torch.searchsorted(skey, c * self.M + r).clamp_(max=skey.numel() - 1)
+                if torch.equal(skey[pos], c * self.M + r):
+                    perm = order[pos]
+            else:
+                perm = torch.zeros(0, dtype=torch.int64, device=self.device)
+            self._mirror[offset] = (inner, perm)
+        return self._mirror[offset]
 
     def scalar(self, br: int, bc: int) -> tuple:
         """``(pattern_s, perm)``: the scalar CSR pattern of a BSR pattern with

@@ -506,34 +506,37 @@ def test_ranks_without_rows(comm):
     assert np.allclose(XT.numpy(), ref)
 
 
-@pytest.mark.parametrize("case", ["symmetric", "one_ulp", "structural", "block_symmetric", "block_one_ulp"])
-def test_one_rank_symmetry_test_agrees_with_petsc_transpose(case):
-    """The one-rank symmetry test (the CSR against its cached transpose permutation) gives the
-    answer of the explicit PETSc transpose on exactly symmetric, one-ulp-off and structurally
-    nonsymmetric matrices, scalar and block."""
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", ["symmetric", "one_ulp", "structural", "far_symmetric", "far_one_ulp",
+                                  "far_structural", "block_symmetric", "block_one_ulp", "block_far_one_ulp"])
+def test_symmetry_test_agrees_with_petsc_transpose(comm, case):
+    """The symmetry test (entries mirrored within a rank's rows: the pattern's cached mirror
+    permutation; across ranks: a multiset hash) gives the answer of the explicit PETSc
+    transpose on exactly symmetric, one-ulp-off and structurally nonsymmetric matrices, scalar
+    and block, with the asymmetry near the diagonal or between the first and last row (on
+    different ranks at 2+ ranks)."""
     pytest.importorskip("petsc4py")
     from slasolve.direct.petsc_backend import _exactly_symmetric
     from slasolve.petsc import _create
     n = 30
     R = sp.random(n, n, density=0.15, random_state=4, format="csr")
-    S = (R + R.T + sp.identity(n) * 5).tocsr()
-    if case in ("one_ulp", "block_one_ulp"):
-        S = S.tolil()
-        i, j = next((i, j) for i, j in zip(*S.nonzero()) if i != j)
+    S = (R + R.T + sp.identity(n) * 5).tolil()
+    S[0, n - 1] = S[n - 1, 0] = 0.75
+    if case.endswith("one_ulp"):
+        i, j = (0, n - 1) if "far" in case else next((i, j) for i, j in zip(*S.nonzero()) if 0 < abs(i - j) < 3)
         S[i, j] = np.nextafter(S[i, j], np.inf)
-        S = S.tocsr()
-    elif case == "structural":
-        S = S.tolil()
-        S[0, n - 1], S[n - 1, 0] = 1.0, 0.0
-        S = S.tocsr()
-        S.eliminate_zeros()
+    elif case.endswith("structural"):
+        i, j = (1, n - 2) if "far" in case else (0, 2)
+        S[i, j], S[j, i] = 1.0, 0.0
+    S = S.tocsr()
+    S.eliminate_zeros()
     if case.startswith("block"):
         S = sp.kron(S, sp.csr_matrix(np.array([[2.0, 0.5], [0.5, 3.0]]))).tobsr((2, 2))
-    dA = slasolve.DSparseTensor.from_global(S, MPI.COMM_SELF)
+    dA = slasolve.DSparseTensor.from_global(S, comm)
     mat = _create(dA, "aij")
     try:
         fast = _exactly_symmetric(mat, dA)
         reference = _exactly_symmetric(mat)
     finally:
         mat.destroy()
-    assert fast == reference == (case in ("symmetric", "block_symmetric")), (fast, reference)
+    assert fast == reference == case.endswith("symmetric"), (fast, reference)
