@@ -24,7 +24,7 @@ from ..petsc import PETSc, _create, fill_petsc_mat, temporary_options
 from ._common import changed_anywhere, raise_factor_error_collective
 from .info import MUMPS_ERRORS, FactorizationError, FactorizationInfo, failed_info
 
-__all__ = ["PetscFactor", "OPTIONS_PREFIX"]
+__all__ = ["PetscFactor", "OPTIONS_PREFIX", "shifted_inertia"]
 
 #: options prefix of the direct solver's PC (``-direct_mat_mumps_icntl_14 100``)
 OPTIONS_PREFIX = "direct_"
@@ -231,6 +231,13 @@ class PetscFactor:
             self.pc.destroy()
         self.pc, self.kind = None, None
 
+    def close(self) -> None:
+        """Collective. Destroy the PC (factors) and the private Mat now."""
+        self._drop_pc()
+        if self.mat is not None:
+            self.mat.destroy()
+            self.mat = None
+
     # -- solves -------------------------------------------------------------------
     def solve(self, b: torch.Tensor, transpose: bool = False) -> torch.Tensor:
         """Collective. ``A^{-1} b`` (``A^{-T} b``) for ``b`` ``(n_local,)`` or
@@ -272,3 +279,43 @@ class PetscFactor:
             self.info.solves += 1
         self.info.solve_time += time.perf_counter() - t0
         return x
+
+
+def shifted_inertia(dA, shift: float) -> Optional[tuple]:
+    """Collective. The inertia ``(negative, zero, positive)`` of ``A - shift I`` from a MUMPS
+    LDL^T factorisation (Sylvester: ``negative`` eigenvalues of ``A`` lie below ``shift``),
+    or None when it cannot be had: ``A`` not exactly symmetric, a main-diagonal entry not
+    stored, the factorisation failing or numerically singular (a null pivot: ``shift`` within
+    rounding of an eigenvalue). The same answer on every rank.
+
+    The computed inertia is the exact inertia of ``A - shift I + E`` with ``||E||`` of the
+    order of ``eps ||A||`` (LDL^T with threshold pivoting is backward stable), so it counts
+    correctly every eigenvalue farther than that from ``shift``."""
+    from .._comm import allreduce_int
+    L = dA._layout
+    rows, pos = L._diagonal_entries()
+    vals = dA.values.detach().to(torch.float64).clone()
+    n_local = L.rend - L.rstart
+    if allreduce_int(dA.comm, int(rows.numel() != n_local), MPI.MAX):
+        return None
+    if L.block:
+        d = torch.arange(L.br, device=vals.device)
+        sub = vals[pos]
+        sub[:, d, d] -= shift
+        vals[pos] = sub
+    else:
+        vals[pos] -= shift
+    dS = dA.with_values(vals)
+    options = {"mat_mumps_icntl_13": 1} if dA.comm.Get_size() > 1 else {}  # global inertia (MUMPS)
+    factor = PetscFactor(dS, "auto", petsc_options=options)
+    try:
+        try:
+            factor.ensure(dS)
+        except FactorizationError:
+            return None
+        if factor.kind != "cholesky":
+            return None
+        nneg, nzero, npos = factor.pc.getFactorMatrix().getInertia()
+        return int(nneg), int(nzero), int(npos)
+    finally:
+        factor.close()
