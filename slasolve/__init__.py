@@ -39,7 +39,7 @@ from .dsparse import DSparseTensor  # noqa: E402
 from .eigen import EigenConvergenceError, EigenInfo, eigsh  # noqa: E402
 from .halo import HaloPlan  # noqa: E402
 from .direct import Factorization, FactorizationError, FactorizationInfo, factorized, spsolve  # noqa: E402
-from .krylov import ConvergenceError, SolveInfo, bicgstab, cg, gmres, minres, solve  # noqa: E402
+from .krylov import ConvergenceError, SolveInfo, bicgstab, cg, cgs, gmres, minres, solve, tfqmr  # noqa: E402
 from .nonlinear import NonlinearConvergenceError, NonlinearInfo, nonlinear_solve  # noqa: E402
 from .placement import DSparseSpec, Replicated, Shard, SparseShard, col_shard, row_shard  # noqa: E402
 from .sparse import SparseTensor  # noqa: E402
@@ -52,7 +52,7 @@ _process.install()
 __all__ = [
     "plot_residual_history",
     "SparseTensor", "DSparseTensor", "DSparseSpec", "Replicated", "SparseShard", "Shard", "row_shard",
-    "col_shard", "HaloPlan", "from_petsc", "solve", "cg", "gmres", "minres", "bicgstab", "SolveInfo",
+    "col_shard", "HaloPlan", "from_petsc", "solve", "cg", "gmres", "minres", "bicgstab", "cgs", "tfqmr", "SolveInfo",
     "ConvergenceError", "nonlinear_solve", "NonlinearInfo", "NonlinearConvergenceError", "eigsh", "EigenInfo",
     "EigenConvergenceError", "abort_on_unhandled_exception",
     "global_sum", "parse_args", "spsolve", "factorized", "Factorization", "FactorizationInfo",

@@ -11,7 +11,6 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 import torch
-from mpi4py import MPI
 
 import slasolve
 from slasolve import FactorizationError, factorized, spsolve

@@ -13,6 +13,7 @@ import torch
 from .. import _log
 from .._comm import check_collective
 from ..autograd import matvec_value_grad, saved_tensors
+from ..registry import default_backend
 from ..krylov.info import SolveInfo
 from .info import FactorizationError, FactorizationInfo, failed_info
 
@@ -29,7 +30,6 @@ _FACTORIZATIONS = (None, "auto", "lu", "cholesky")
 
 
 def _backend_name(backend) -> Optional[str]:
-    from ..krylov.solve import default_backend
     return default_backend() if backend is None else backend
 
 

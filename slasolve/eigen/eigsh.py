@@ -985,7 +985,7 @@ class _TorchSolver:
 
     def solve(self, nev, v0, deflate):
         t1 = time.perf_counter()
-        dA, dM = self.dA, self.dM
+        dA = self.dA
         n_local = dA.n_local
         defl = None if deflate is None else (deflate[0], deflate[1])
         nd = 0 if defl is None else defl[0].shape[1]

@@ -1,4 +1,5 @@
-"""``solve``, ``cg``, ``gmres``, ``minres``, ``bicgstab``: differentiable distributed Krylov solves.
+"""``solve``, ``cg``, ``gmres``, ``minres``, ``bicgstab``, ``cgs``, ``tfqmr``: differentiable
+distributed Krylov solves.
 
 ``x = solve(A, b)`` is differentiable with respect to ``b`` and ``A``'s values by
 the adjoint method: the backward solves ``A^T lam = dL/dx`` with the same
@@ -19,30 +20,17 @@ from mpi4py import MPI
 from .. import _log
 from .._comm import allreduce_int, check_collective, user_code
 from ..autograd import looks_symmetric, matvec_value_grad, saved_tensors
+from ..registry import BACKENDS, KRYLOV_METHODS, default_backend
 from .info import ConvergenceError, SolveInfo
 from .torch_methods import default_maxiter
 from ..sparse import SparseTensor
 from .operator import as_row_shard
 
-__all__ = ["solve", "cg", "gmres", "minres", "bicgstab", "default_backend"]
-
-_METHODS = ("cg", "gmres", "minres", "bicgstab")
-
-
-def default_backend() -> str:
-    """Local. ``"petsc"`` when petsc4py imports, else ``"torch"``."""
-    try:
-        import petsc4py  # noqa: F401
-        from petsc4py import PETSc  # noqa: F401
-        return "petsc"
-    except ImportError:
-        return "torch"
+__all__ = ["solve", "cg", "gmres", "minres", "bicgstab", "cgs", "tfqmr", "default_backend"]
 
 
 #: KSPs / native solvers kept per operator layout (least recently used evicted first)
 SOLVER_CACHE_SIZE = 8
-#: methods whose adjoint solve is the forward solve when A is symmetric (checked in the backward)
-_SYMMETRIC_METHODS = ("cg", "minres")
 
 #: ``reuse_pc`` modes besides ``False`` / ``True`` (``"auto"``, the default, picks one per call)
 REUSE_MODES = ("lagged", "interpolation")
@@ -355,10 +343,10 @@ def _is_real(v) -> bool:
 
 def _check_settings(method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options, options_prefix):
     """Local. The first problem with the scalar settings, or None."""
-    if method not in _METHODS:
-        return ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    if backend not in ("petsc", "torch"):
-        return ValueError(f"backend must be 'petsc' or 'torch', got {backend!r}")
+    if method not in KRYLOV_METHODS:
+        return ValueError(f"method must be one of {tuple(KRYLOV_METHODS) + ('direct',)}, got {method!r}")
+    if backend not in BACKENDS:
+        return ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if M is not None and pc is not None:
         return ValueError("give the preconditioner as pc or as M, not both")
     p = M if M is not None else pc
@@ -532,8 +520,8 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         reason, the largest iteration count and residual). The petsc backend solves the
         columns in one call (set-up, checks and the true-residual verification once for
         all; the adjoint too); the torch backend loops over them.
-    method : {"cg", "gmres", "minres", "bicgstab", "direct"}
-        ``"direct"``: sparse LU / Cholesky (:func:`slasolve.spsolve`; ``pc`` = None, ``"lu"``
+    method : {"cg", "gmres", "minres", "bicgstab", "cgs", "tfqmr", "direct"}
+        The Krylov methods of :data:`slasolve.registry.KRYLOV_METHODS`. ``"direct"``: sparse LU / Cholesky (:func:`slasolve.spsolve`; ``pc`` = None, ``"lu"``
         or ``"cholesky"`` picks the factorisation; tolerances, ``x0`` are ignored).
     backend : {"petsc", "torch"}, optional
         Default ``"petsc"`` when petsc4py imports.
@@ -555,8 +543,9 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         of the backward likewise starts from the previous adjoint solution. The stopping
         test is unchanged, so the answer differs from a cold start only within tolerance.
     pc, M
-        Preconditioner name (``none, jacobi, bjacobi, ilu, icc, asm, gamg, hypre, lu,
-        cholesky``; the torch backend has ``none, jacobi, bjacobi, ilu, icc``) or a callable
+        Preconditioner name (:data:`slasolve.registry.PRECONDITIONERS`: ``none, jacobi,
+        bjacobi, ilu, icc, sor, asm, gamg, hypre, lu, cholesky``; the torch backend has
+        ``none, jacobi, bjacobi, ilu, icc``) or a callable
         ``z = M(r)`` on owned rows. ``M`` is SciPy's name for the same argument.
     callback : callable(iteration, residual_norm), optional
         Called on every rank after each iteration.
@@ -695,7 +684,7 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
             x0 = None  # the previous solution, looked up in _AdjointSolve
         if reuse_pc == "interpolation" and backend == "petsc":  # last resort: the default-mode KSP
             opts["fallback"] = lambda: _solver(dA, method, backend, pc, restart, options_prefix, petsc_options)
-        if method in _SYMMETRIC_METHODS:  # the adjoint of a matrix that turns out nonsymmetric
+        if KRYLOV_METHODS[method].symmetric:  # the adjoint of a matrix that turns out nonsymmetric
             opts["transpose_solver"] = lambda: _solver(dA, "gmres", backend, pc, restart, options_prefix,
                                                        petsc_options)
         if near_nullspace is not None and backend == "petsc":  # a hint only the petsc backend uses
@@ -750,6 +739,8 @@ cg = _method("cg")
 gmres = _method("gmres")
 minres = _method("minres")
 bicgstab = _method("bicgstab")
+cgs = _method("cgs")
+tfqmr = _method("tfqmr")
 cg.__doc__ += """
 
     Examples

@@ -29,7 +29,7 @@ import torch
 from mpi4py import MPI
 from scipy.sparse.linalg import aslinearoperator
 
-from .._comm import allreduce_sum, check_collective, user_code
+from .._comm import allreduce_sum, user_code
 from ..dsparse import DSparseTensor, _split_offsets
 from ..sparse import SparseTensor
 

@@ -17,6 +17,7 @@ import torch
 from .. import _log
 from .._comm import allreduce_sum, check_collective, get_comm, user_code
 from ..autograd import saved_tensors
+from ..registry import KRYLOV_METHODS, default_backend
 from .info import NonlinearConvergenceError, NonlinearInfo
 from .problem import Problem
 
@@ -25,7 +26,7 @@ __all__ = ["nonlinear_solve"]
 _METHODS = ("newton", "newtonls")
 _LINE_SEARCHES = ("bt", "basic")
 _LINEAR_KEYS = ("method", "pc", "rtol", "atol", "maxiter", "restart")
-_LINEAR_METHODS = ("cg", "gmres", "minres", "bicgstab", "direct")
+_LINEAR_METHODS = tuple(KRYLOV_METHODS) + ("direct",)
 
 
 def _is_dsparse(p) -> bool:
@@ -280,7 +281,6 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     as ``jacobian``: give the exact derivative of ``residual`` (an approximate Jacobian still
     lets Newton converge, more slowly, but gives wrong gradients; ``jacobian=None`` does not).
     """
-    from ..krylov.solve import default_backend
     t0 = time.perf_counter()
     backend = default_backend() if backend is None else backend
     linear_solver = {} if linear_solver is None else linear_solver
