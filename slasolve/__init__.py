@@ -35,7 +35,7 @@ except (ImportError, OSError, RuntimeError) as _exc:  # a broken install: say wh
 from ._process import abort_on_unhandled_exception, parse_args  # noqa: E402
 from .config import show_config  # noqa: E402
 from .autograd import global_sum  # noqa: E402
-from .dsparse import DSparseTensor  # noqa: E402
+from .dsparse import DSparseTensor, from_petsc  # noqa: E402
 from .eigen import EigenConvergenceError, EigenInfo, eigsh  # noqa: E402
 from .halo import HaloPlan  # noqa: E402
 from .direct import Factorization, FactorizationError, FactorizationInfo, factorized, spsolve  # noqa: E402
@@ -59,9 +59,3 @@ __all__ = [
     "FactorizationError", "show_config",
 ]
 
-
-def from_petsc(mat, **kwargs):
-    """Collective. A row-sharded :class:`DSparseTensor` from a ``PETSc.Mat``
-    (see :func:`slasolve.petsc.from_petsc`)."""
-    from .petsc import from_petsc as _from_petsc
-    return _from_petsc(mat, **kwargs)

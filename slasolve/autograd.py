@@ -13,6 +13,7 @@ import functools
 import torch
 
 from ._comm import check_collective
+from .collectives import global_sum
 
 __all__ = ["matvec_value_grad", "global_sum", "saved_tensors", "symmetry_defect"]
 
@@ -147,13 +148,3 @@ def _local_cols(L) -> torch.Tensor:
     return lc
 
 
-def global_sum(t: torch.Tensor, comm=None) -> torch.Tensor:
-    """Collective. Sum ``t`` over the ranks of ``comm``; differentiable.
-
-    Every rank gets the total (a replicated value, e.g. a global loss). The backward
-    passes the gradient through unchanged: with ``loss = global_sum(local_loss)`` on
-    every rank, ``d loss / d local_loss = 1`` on each rank, as it should be.
-    """
-    from ._comm import get_comm
-    from .dsparse import _AllreduceSum
-    return _AllreduceSum.apply(t, get_comm(comm))

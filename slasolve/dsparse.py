@@ -22,11 +22,12 @@ from mpi4py import MPI
 
 from ._comm import allreduce_int, check_collective, get_comm
 from .autograd import saved_tensors
+from .collectives import AllreduceSum, ReplicatedInput
 from .halo import HaloPlan
 from .placement import DSparseSpec, Placement, Replicated, Shard, SparseShard, row_shard
-from .sparse import Pattern, SparseTensor, _csr_mv, _csr_value_grad
+from .sparse import Pattern, SparseTensor, csr_mv, csr_value_grad
 
-__all__ = ["DSparseTensor"]
+__all__ = ["DSparseTensor", "RowLayout", "forward_product", "split_offsets", "from_petsc"]
 
 # torch's CPU BSR kernel (used for block products, no value gather) works; its "beta" notice is noise
 warnings.filterwarnings("ignore", message="Sparse BSR tensor support is in beta state")
@@ -103,7 +104,7 @@ def _rows_of(indptr: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(indptr, pos, right=True) - 1
 
 
-class _RowLayout:
+class RowLayout:
     """Collective (constructor). Diagonal/off-diagonal split and halo plan of a row shard.
 
     Memory: the forward product needs only the bulk pattern (or the diagonal block when the
@@ -148,7 +149,7 @@ class _RowLayout:
 
     def bulk_patterns(self) -> None:
         """Index arrays for products straight from the values in CSR order (see
-        :func:`_forward_product`): patterns only, never values. Built on the first forward
+        :func:`forward_product`): patterns only, never values. Built on the first forward
         product (a solve on the petsc backend never needs them)."""
         pattern, in_diag = self._pattern, self._in_diag()
         n_loc_rows, n_loc_cols = self.rend - self.rstart, self.cend - self.cstart
@@ -283,7 +284,7 @@ class _RowLayout:
 def _mv(pattern: Pattern, values: torch.Tensor, x: torch.Tensor, block) -> torch.Tensor:
     """``A x`` with ``values`` exactly as stored (CSR, or BSR for blocks): no gather."""
     if not block:
-        return _csr_mv(pattern, values, x)
+        return csr_mv(pattern, values, x)
     br, bc = block
     if pattern.nnz == 0 or pattern.M == 0:
         return x.new_zeros((pattern.M * br,) + tuple(x.shape[1:]))
@@ -293,7 +294,7 @@ def _mv(pattern: Pattern, values: torch.Tensor, x: torch.Tensor, block) -> torch
                                     check_invariants=False)
         return A @ x
     ps, perm = pattern.scalar(br, bc)  # no BSR kernel for this dtype/device: gather per call
-    return _csr_mv(ps, values.reshape(-1)[perm], x)
+    return csr_mv(ps, values.reshape(-1)[perm], x)
 
 
 def _entry_products(v: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
@@ -303,7 +304,7 @@ def _entry_products(v: torch.Tensor, xb: torch.Tensor) -> torch.Tensor:
     return torch.bmm(v, xb)
 
 
-def _forward_product(L: "_RowLayout", values: torch.Tensor, x: torch.Tensor):
+def forward_product(L: "RowLayout", values: torch.Tensor, x: torch.Tensor):
     """``(A x, x_ghost)`` from the values as they are now (no cache that can go stale).
 
     The halo exchange is overlapped with the bulk product. When the rank has ghost
@@ -356,7 +357,7 @@ def _forward_product(L: "_RowLayout", values: torch.Tensor, x: torch.Tensor):
     return y, xg
 
 
-def _reverse_product(L: "_RowLayout", values: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _reverse_product(L: "RowLayout", values: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """``A^T y`` on the owned columns: reverse halo of the off-diagonal products,
     overlapped with the transposed diagonal-block product. Transposed values are
     gathered per call (not the hot path; nothing cached can go stale)."""
@@ -374,24 +375,24 @@ def _reverse_product(L: "_RowLayout", values: torch.Tensor, y: torch.Tensor) -> 
             tg.index_add_(0, L.off_col, _entry_products(vo.transpose(1, 2), yo))
         pending = halo.start_reverse(tg.reshape((halo.n_ghost, bc) + trailing))
     pt, perm = L.transposed()
-    out = _csr_mv(pt, values.reshape(-1).index_select(0, perm), y)[:n_cols * bc]
+    out = csr_mv(pt, values.reshape(-1).index_select(0, perm), y)[:n_cols * bc]
     if exchange:
         out = out + halo.finish(pending).reshape(out.shape)
     return out
 
 
-def _values_grad(L: "_RowLayout", values: torch.Tensor, left: torch.Tensor, right: torch.Tensor,
+def _values_grad(L: "RowLayout", values: torch.Tensor, left: torch.Tensor, right: torch.Tensor,
                  right_ghost: torch.Tensor) -> torch.Tensor:
     """``d <left, A right> / d values`` (``right_ghost``: the ghost rows of ``right``)."""
     pd, permd = (L.diag, None) if not L.block else L.diag.scalar(*L.block)
     if L.n_offd == 0:  # every entry is a diagonal-block entry, in order
-        return _unscalar_grad(_csr_value_grad(pd, left, right), permd, values.shape[0], L.block)
+        return _unscalar_grad(csr_value_grad(pd, left, right), permd, values.shape[0], L.block)
     gv = torch.zeros_like(values)
     nd, no = L.diag.nnz, L.offd_pos.numel()
-    gv[L.diag_pos] = _unscalar_grad(_csr_value_grad(pd, left, right), permd, nd, L.block)
+    gv[L.diag_pos] = _unscalar_grad(csr_value_grad(pd, left, right), permd, nd, L.block)
     if no:
         po, permo = (L.offd, None) if not L.block else L.offd.scalar(*L.block)
-        gv[L.offd_pos] = _unscalar_grad(_csr_value_grad(po, left, right_ghost), permo, no, L.block)
+        gv[L.offd_pos] = _unscalar_grad(csr_value_grad(po, left, right_ghost), permo, no, L.block)
     return gv
 
 
@@ -400,7 +401,7 @@ class _RowShardMatVec(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, values, x, layout):
-        y, xg = _forward_product(layout, values, x)
+        y, xg = forward_product(layout, values, x)
         ctx.layout = layout
         ctx.save_for_backward(values, x, xg)
         return y
@@ -432,39 +433,9 @@ class _RowShardRMatVec(torch.autograd.Function):
         g = g.contiguous()
         if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
             return None, None, None
-        gy, gg = _forward_product(L, values.detach(), g)  # A g, and the ghost rows of g
+        gy, gg = forward_product(L, values.detach(), g)  # A g, and the ghost rows of g
         gv = _values_grad(L, values, y, g, gg) if ctx.needs_input_grad[0] else None
         return gv, (gy if ctx.needs_input_grad[1] else None), None
-
-
-class _AllreduceSum(torch.autograd.Function):
-    """Sum over ranks; the result is replicated, so the backward is the identity."""
-
-    @staticmethod
-    def forward(ctx, t, comm):
-        if comm.Get_size() == 1:
-            return t.clone()
-        buf = np.ascontiguousarray(t.detach().cpu().numpy()).copy()
-        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-        return torch.from_numpy(buf).to(t.device)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
-
-
-class _ReplicatedInput(torch.autograd.Function):
-    """Identity on a replicated input consumed by sharded outputs: the backward
-    sums every rank's gradient (the adjoint of "copy to every rank")."""
-
-    @staticmethod
-    def forward(ctx, t, comm):
-        ctx.comm = comm
-        return t.view_as(t)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _AllreduceSum.forward(None, g, ctx.comm), None
 
 
 def _to_sparse_tensor(A) -> SparseTensor:
@@ -502,7 +473,7 @@ def _sorted_csr(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tenso
     return SparseTensor._make(pattern, values, shape, len(block_shape))
 
 
-def _split_offsets(n: int, size: int) -> np.ndarray:
+def split_offsets(n: int, size: int) -> np.ndarray:
     """PETSc's PETSC_DECIDE split: the first n % size ranks get one more."""
     counts = np.full(size, n // size, dtype=np.int64)
     counts[: n % size] += 1
@@ -543,14 +514,14 @@ class DSparseTensor:
     tensor([-1.,  0.,  0.,  0.,  0.,  6.], dtype=torch.float64)
     """
 
-    def __init__(self, local: SparseTensor, spec: DSparseSpec, *, _layout: Optional[_RowLayout] = None):
+    def __init__(self, local: SparseTensor, spec: DSparseSpec, *, _layout: Optional[RowLayout] = None):
         self._local = local
         self._spec = spec
         self._layout = _layout
         nbatch = len(local.batch_shape)
         if spec.placement.is_row_shard(nbatch) and _layout is None:
             offs = spec.offsets
-            self._layout = _RowLayout(spec.comm, local.pattern, offs[0], offs[1], local.block_shape)
+            self._layout = RowLayout(spec.comm, local.pattern, offs[0], offs[1], local.block_shape)
 
     # -- metadata -------------------------------------------------------------
     @property
@@ -598,7 +569,7 @@ class DSparseTensor:
     def is_row_shard(self) -> bool:
         return self._layout is not None
 
-    def _need_row_shard(self, what: str) -> _RowLayout:
+    def _need_row_shard(self, what: str) -> RowLayout:
         if self._layout is None:
             raise TypeError(f"{what} needs a row-sharded DSparseTensor, this one is {self.placement}")
         return self._layout
@@ -770,7 +741,7 @@ class DSparseTensor:
         row_offsets = np.concatenate([[0], np.cumsum(nrows)]).astype(np.int64)
         if ncols[0] is None:
             col_offsets = row_offsets if global_shape[0] == global_shape[1] else \
-                _split_offsets(global_shape[1], comm.Get_size())
+                split_offsets(global_shape[1], comm.Get_size())
         else:
             col_offsets = np.concatenate([[0], np.cumsum(ncols)]).astype(np.int64)
         spec = DSparseSpec(row_shard(), comm, global_shape, partition,
@@ -877,7 +848,7 @@ class DSparseTensor:
     def _split_rows(S: SparseTensor, part, size: int):
         p = part["partition"]
         if p is None:
-            offsets = _split_offsets(S.M, size)  # ranks beyond the rows own none (as PETSc)
+            offsets = split_offsets(S.M, size)  # ranks beyond the rows own none (as PETSc)
             P = S
         else:
             offsets = np.asarray(p.offsets)
@@ -898,13 +869,13 @@ class DSparseTensor:
         rank, size = comm.Get_rank(), comm.Get_size()
         if not everywhere:
             S = comm.bcast(S, root=root)
-        offsets = _split_offsets(S.N, size)
+        offsets = split_offsets(S.N, size)
         a, b = int(offsets[rank]), int(offsets[rank + 1])
         cols = S.indices
         keep = (cols >= a) & (cols < b)
         local = SparseTensor.from_coo(S.row_indices()[keep], cols[keep] - a, S.values[keep],
                                       (S.M, b - a) + S.block_shape, block_shape=S.block_shape)
-        offs = (tuple(_split_offsets(S.M, size).tolist()), tuple(offsets.tolist()))
+        offs = (tuple(split_offsets(S.M, size).tolist()), tuple(offsets.tolist()))
         return cls(local, DSparseSpec(placement, comm, S.shape, None, offs))
 
     @classmethod
@@ -916,7 +887,7 @@ class DSparseTensor:
         if not (0 <= placement.dim < nb):
             raise ValueError(f"Shard(dim={placement.dim}) needs a batch dimension; the matrix has {nb}")
         n = S.batch_shape[placement.dim]
-        offsets = _split_offsets(n, size)
+        offsets = split_offsets(n, size)
         a, b = int(offsets[rank]), int(offsets[rank + 1])
         v = S.values.narrow(placement.dim, a, b - a).clone()
         local = S.with_values(v)
@@ -1012,7 +983,7 @@ class DSparseTensor:
             agree = {"x columns": tuple(x.shape[1:]) if isinstance(x, torch.Tensor) else None,
                      "dtype": str(self.dtype)}
             check_collective(self.comm, err, agree=agree)
-            return _AllreduceSum.apply(self._local.matvec(x), self.comm)
+            return AllreduceSum.apply(self._local.matvec(x), self.comm)
         return self._local.matvec(x)
 
     def rmatvec(self, y: torch.Tensor) -> torch.Tensor:
@@ -1029,7 +1000,7 @@ class DSparseTensor:
             self._checked(y, (L.rend - L.rstart) * L.br, "y", False)
             return _RowShardRMatVec.apply(self.values, y, L)
         if isinstance(pl, SparseShard):  # column shard: y replicated, result owned columns
-            return self._local.T.matvec(_ReplicatedInput.apply(y, self.comm))
+            return self._local.T.matvec(ReplicatedInput.apply(y, self.comm))
         return self._local.T.matvec(y)
 
     def __matmul__(self, x: torch.Tensor) -> torch.Tensor:
@@ -1143,3 +1114,32 @@ class _Transposed:
 
     def matvec(self, y: torch.Tensor) -> torch.Tensor:
         return self._A.rmatvec(y)
+
+
+def from_petsc(mat, *, dtype: torch.dtype = torch.float64):
+    """Collective. A row-sharded DSparseTensor with ``mat``'s ownership and values.
+
+    AIJ matrices give scalar tensors; BAIJ (block size > 1) give block tensors. Reads the
+    Mat through its own methods (needs no import of PETSc here).
+    """
+    comm = mat.getComm().tompi4py()
+    rstart, rend = mat.getOwnershipRange()
+    cstart, cend = mat.getOwnershipRangeColumn()
+    Mg, Ng = mat.getSize()
+    bs = mat.getBlockSize()
+    is_baij = "baij" in mat.getType()
+    # convert into a NEW Mat: ``mat.convert("aij")`` without ``out`` converts in place
+    # and would turn the caller's (cached) BAIJ Mat into an AIJ one
+    src = mat.convert("aij", out=type(mat)()) if is_baij else mat
+    indptr, indices, vals = src.getValuesCSR()
+    if is_baij and bs > 1:
+        m = rend - rstart
+        C = sp.csr_matrix((vals, indices, indptr), shape=(m, Ng)).tobsr((bs, bs))
+        C.sort_indices()
+        out = DSparseTensor.from_local_rows(C.indptr, C.indices, torch.as_tensor(C.data, dtype=dtype),
+                                            (Mg // bs, Ng // bs, bs, bs), comm, block_shape=(bs, bs),
+                                            n_local_cols=(cend - cstart) // bs)
+    else:
+        out = DSparseTensor.from_local_rows(indptr, indices, torch.as_tensor(vals, dtype=dtype),
+                                            (Mg, Ng), comm, n_local_cols=cend - cstart)
+    return out

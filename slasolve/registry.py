@@ -14,10 +14,11 @@ Local; imports neither PETSc nor torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 __all__ = ["KrylovMethod", "Preconditioner", "KRYLOV_METHODS", "PRECONDITIONERS", "krylov_method",
-           "preconditioner", "petsc_method_name", "BACKENDS", "default_backend"]
+           "preconditioner", "petsc_method_name", "BACKENDS", "default_backend", "register_solve_method",
+           "solve_method", "solve_method_names"]
 
 #: backends of the linear solvers (``backend=``)
 BACKENDS: Tuple[str, ...] = ("petsc", "torch")
@@ -156,3 +157,26 @@ def petsc_method_name(ksp_type: str) -> str:
         if m.petsc_type == ksp_type:
             return m.name
     return ksp_type
+
+
+#: ``slasolve.solve(A, b, method)`` for methods that are not Krylov methods, registered by the
+#: family implementing them when it is imported (:mod:`slasolve.direct`: ``"direct"``), so the
+#: Krylov family dispatches to them without importing them
+_SOLVE_METHODS: Dict[str, Callable] = {}
+
+
+def register_solve_method(name: str, fn: Callable) -> None:
+    """Local. Make ``slasolve.solve(A, b, name, **kw)`` call ``fn(A, b, **kw)``."""
+    if name in KRYLOV_METHODS:
+        raise ValueError(f"{name!r} is a Krylov method")
+    _SOLVE_METHODS[name] = fn
+
+
+def solve_method(name) -> Optional[Callable]:
+    """Local. The function registered for the non-Krylov method ``name``, else None."""
+    return _SOLVE_METHODS.get(name) if isinstance(name, str) else None
+
+
+def solve_method_names() -> Tuple[str, ...]:
+    """Local. Every method name ``slasolve.solve`` accepts."""
+    return tuple(KRYLOV_METHODS) + tuple(_SOLVE_METHODS)

@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-__all__ = ["SparseTensor", "Pattern"]
+__all__ = ["SparseTensor", "Pattern", "csr_mv", "csr_value_grad"]
 
 Shape = Tuple[int, ...]
 
@@ -172,8 +172,8 @@ class Pattern:
 # ---------------------------------------------------------------------------
 # scalar CSR kernels (no autograd; used by the autograd Functions)
 
-def _csr_mv(p: Pattern, values: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """y = A x for a scalar CSR pattern, x of shape (N,) or (N, k)."""
+def csr_mv(p: Pattern, values: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Local. ``y = A x`` for a scalar CSR pattern, ``x`` of shape ``(N,)`` or ``(N, k)``."""
     if p.nnz == 0 or p.M == 0:
         return x.new_zeros((p.M,) + tuple(x.shape[1:]))
     if x.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
@@ -192,11 +192,11 @@ def _csr_mv(p: Pattern, values: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def _csr_rmv(p: Pattern, values: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """A^T g through the cached transposed pattern."""
     pt, perm = p.transpose()
-    return _csr_mv(pt, values[perm], g)
+    return csr_mv(pt, values[perm], g)
 
 
-def _csr_value_grad(p: Pattern, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """d<g, A x>/d values = g[row_k] * x[col_k] (summed over right-hand sides)."""
+def csr_value_grad(p: Pattern, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Local. ``d<g, A x>/d values = g[row_k] * x[col_k]`` (summed over right-hand sides)."""
     prod = g[p.rows()] * x[p.indices]
     return prod if prod.dim() == 1 else prod.sum(dim=tuple(range(1, prod.dim())))
 
@@ -206,14 +206,14 @@ class _CSRMatVec(torch.autograd.Function):
     def forward(ctx, values, x, pattern):
         ctx.pattern = pattern
         ctx.save_for_backward(values, x)
-        return _csr_mv(pattern, values, x)
+        return csr_mv(pattern, values, x)
 
     @staticmethod
     def backward(ctx, g):
         values, x = ctx.saved_tensors
         p = ctx.pattern
         g = g.contiguous()
-        gv = _csr_value_grad(p, g, x) if ctx.needs_input_grad[0] else None
+        gv = csr_value_grad(p, g, x) if ctx.needs_input_grad[0] else None
         gx = _csr_rmv(p, values, g) if ctx.needs_input_grad[1] else None
         return gv, gx, None
 

@@ -516,7 +516,7 @@ def test_symmetry_test_agrees_with_petsc_transpose(comm, case):
     different ranks at 2+ ranks)."""
     pytest.importorskip("petsc4py")
     from slasolve.direct.petsc_backend import _exactly_symmetric
-    from slasolve.petsc import _create
+    from slasolve.petsc import create_petsc_mat
     n = 30
     R = sp.random(n, n, density=0.15, random_state=4, format="csr")
     S = (R + R.T + sp.identity(n) * 5).tolil()
@@ -532,7 +532,7 @@ def test_symmetry_test_agrees_with_petsc_transpose(comm, case):
     if case.startswith("block"):
         S = sp.kron(S, sp.csr_matrix(np.array([[2.0, 0.5], [0.5, 3.0]]))).tobsr((2, 2))
     dA = slasolve.DSparseTensor.from_global(S, comm)
-    mat = _create(dA, "aij")
+    mat = create_petsc_mat(dA, "aij")
     try:
         fast = _exactly_symmetric(mat, dA)
         reference = _exactly_symmetric(mat)

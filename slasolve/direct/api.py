@@ -13,11 +13,11 @@ import torch
 from .. import _log
 from .._comm import check_collective
 from ..autograd import matvec_value_grad, saved_tensors
-from ..registry import default_backend
+from ..registry import default_backend, register_solve_method
 from ..krylov.info import SolveInfo
 from .info import FactorizationError, FactorizationInfo, failed_info
 
-__all__ = ["spsolve", "factorized", "Factorization", "BACKWARD_ERROR_TOL", "DIRECT_CACHE_SIZE"]
+__all__ = ["spsolve", "factorized", "Factorization", "solve_direct", "BACKWARD_ERROR_TOL", "DIRECT_CACHE_SIZE"]
 
 #: a solution whose normwise backward error ``||b - A x||_inf / (||A||_inf ||x||_inf + ||b||_inf)``
 #: exceeds this raises :class:`FactorizationError` (a broken-down factorisation, e.g. a
@@ -39,7 +39,7 @@ def _validate(A, b, *, backend, factorization, petsc_options, return_info, what=
     from mpi4py import MPI
     from ..dsparse import DSparseTensor
     from ..krylov.operator import as_row_shard
-    from ..krylov.solve import _check_operator, _check_rhs, _needs_grad
+    from ..krylov.operator import needs_grad, operator_error, rhs_error
     dA, err = None, None
     try:
         dA = as_row_shard(A)
@@ -67,9 +67,9 @@ def _validate(A, b, *, backend, factorization, petsc_options, return_info, what=
         else:
             path = "scipy"
     if err is None:
-        err = _check_operator(dA)
+        err = operator_error(dA)
     if err is None and b is not None:
-        err = _check_rhs(dA, b, None)
+        err = rhs_error(dA, b, None)
         if err is None and not bool(torch.isfinite(b).all()):
             err = ValueError(f"{what}: b has NaN or infinite entries")
     agree = {"backend": backend, "factorization": factorization,
@@ -78,8 +78,8 @@ def _validate(A, b, *, backend, factorization, petsc_options, return_info, what=
              "return_info": bool(return_info),
              "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
              if isinstance(petsc_options, dict) else repr(petsc_options),
-             "A's values require grad": _needs_grad(dA.values if dA is not None else None),
-             "b requires grad": _needs_grad(b)}
+             "A's values require grad": needs_grad(dA.values if dA is not None else None),
+             "b requires grad": needs_grad(b)}
     check_collective(comm, err, agree=agree)
     return dA, path
 
@@ -302,8 +302,8 @@ class Factorization:
         """Collective. ``A^{-1} b`` (``A^{-T} b`` with ``transpose=True``)."""
         dA = self._dA
         err = None
-        from ..krylov.solve import _check_rhs, _needs_grad
-        err = _check_rhs(dA, b, None)
+        from ..krylov.operator import needs_grad, rhs_error
+        err = rhs_error(dA, b, None)
         if err is None and not bool(torch.isfinite(b).all()):
             err = ValueError("Factorization.solve: b has NaN or infinite entries")
         if err is None and not isinstance(transpose, bool):
@@ -312,7 +312,7 @@ class Factorization:
             "transpose": bool(transpose) if isinstance(transpose, bool) else repr(transpose),
             "b columns": (b.shape[1] if b.dim() == 2 else None) if isinstance(b, torch.Tensor) else None,
             "dtype": str(b.dtype) if isinstance(b, torch.Tensor) else None,
-            "A's values require grad": _needs_grad(dA.values), "b requires grad": _needs_grad(b)})
+            "A's values require grad": needs_grad(dA.values), "b requires grad": needs_grad(b)})
         return _DirectSolve.apply(dA.values, b, self._fac, dA, bool(transpose))
 
     __call__ = solve
@@ -353,7 +353,7 @@ def factorized(A, *, backend: Optional[str] = None, factorization: Optional[str]
     return Factorization(dA, fac, path)
 
 
-def _solve_direct(A, b, *, backend=None, pc=None, return_info=False, petsc_options=None, **ignored):
+def solve_direct(A, b, *, backend=None, pc=None, return_info=False, petsc_options=None, **ignored):
     """Collective. ``slasolve.solve(A, b, method="direct")``: :func:`spsolve` with
     ``pc`` as the factorisation (``None``, ``"lu"``, ``"cholesky"``) and a SolveInfo."""
     x, finfo = spsolve(A, b, backend=backend, factorization=pc, return_info=True,
@@ -373,3 +373,6 @@ def _solve_direct(A, b, *, backend=None, pc=None, return_info=False, petsc_optio
     info.factorization = finfo
     info.backward_error = finfo.backward_error
     return (x, info) if return_info else x
+
+
+register_solve_method("direct", solve_direct)

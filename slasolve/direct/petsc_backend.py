@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from ..petsc import PETSc, _create, fill_petsc_mat, temporary_options
+from ..petsc import PETSc, create_petsc_mat, fill_petsc_mat, garbage_cleanup, temporary_options
 from ._common import changed_anywhere, raise_factor_error_collective
 from .info import MUMPS_ERRORS, FactorizationError, FactorizationInfo, failed_info
 
@@ -36,12 +36,6 @@ def _global_scalar_nnz(dA) -> int:
     comm = dA.comm
     from .._comm import allreduce_int
     return allreduce_int(comm, local)
-
-
-def _garbage_cleanup(comm) -> None:
-    cleanup = getattr(PETSc, "garbage_cleanup", None)
-    if cleanup is not None:
-        cleanup(comm)
 
 
 
@@ -134,7 +128,7 @@ class PetscFactor:
             err = ValueError("A has NaN or infinite values: cannot factorise")
         raise_factor_error_collective(self.comm, err)
         if self.mat is None:
-            self.mat = _create(dA, "aij")
+            self.mat = create_petsc_mat(dA, "aij")
         else:
             fill_petsc_mat(self.mat, dA)
         self.snapshot = None  # set only once the factorisation succeeded
@@ -147,7 +141,7 @@ class PetscFactor:
         err = None
         try:
             if fresh:
-                _garbage_cleanup(self.comm)
+                garbage_cleanup(self.comm)
                 self.pc = self._make_pc(kind)
                 with temporary_options(self.petsc_options, OPTIONS_PREFIX):
                     self.pc.setFromOptions()

@@ -20,11 +20,11 @@ from mpi4py import MPI
 from .. import _log
 from .._comm import allreduce_int, check_collective, user_code
 from ..autograd import looks_symmetric, matvec_value_grad, saved_tensors
-from ..registry import BACKENDS, KRYLOV_METHODS, default_backend
+from ..registry import BACKENDS, KRYLOV_METHODS, default_backend, solve_method, solve_method_names
 from .info import ConvergenceError, SolveInfo
 from .torch_methods import default_maxiter
 from ..sparse import SparseTensor
-from .operator import as_row_shard
+from .operator import as_row_shard, needs_grad, operator_error, rhs_error
 
 __all__ = ["solve", "cg", "gmres", "minres", "bicgstab", "cgs", "tfqmr", "default_backend"]
 
@@ -72,7 +72,8 @@ def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reu
         err = None
         with _log.phase("setup", _log.event("slaSolverSetup")):
             if backend == "petsc":
-                _garbage_cleanup(dA.comm)
+                from ..petsc import garbage_cleanup
+                garbage_cleanup(dA.comm)
             try:
                 if backend == "petsc":
                     from .petsc_backend import PetscKrylov
@@ -92,15 +93,6 @@ def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reu
     if callable(pc):
         solver.set_callable(pc)
     return solver
-
-
-def _garbage_cleanup(comm) -> None:
-    """Collective. Destroy PETSc objects whose Python owners are gone (petsc4py >= 3.18
-    defers destroying parallel objects to this collective point)."""
-    from ..petsc import PETSc
-    cleanup = getattr(PETSc, "garbage_cleanup", None)
-    if cleanup is not None:
-        cleanup(comm)
 
 
 def _raise_if_failed(info: SolveInfo, raise_on_fail: bool, what: str = "") -> None:
@@ -327,11 +319,6 @@ def _remember(solver, what, x) -> None:
     solver.__dict__.setdefault("_previous", {})[what] = x.detach().clone()
 
 
-def _needs_grad(t) -> bool:
-    """Local. Whether ``t`` takes part in a backward of this call (grad mode on and it requires grad)."""
-    return isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled()
-
-
 def _is_int(v) -> bool:
     return isinstance(v, Integral) and not isinstance(v, bool)
 
@@ -344,7 +331,7 @@ def _is_real(v) -> bool:
 def _check_settings(method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options, options_prefix):
     """Local. The first problem with the scalar settings, or None."""
     if method not in KRYLOV_METHODS:
-        return ValueError(f"method must be one of {tuple(KRYLOV_METHODS) + ('direct',)}, got {method!r}")
+        return ValueError(f"method must be one of {solve_method_names()}, got {method!r}")
     if backend not in BACKENDS:
         return ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if M is not None and pc is not None:
@@ -367,50 +354,6 @@ def _check_settings(method, backend, pc, M, rtol, atol, maxiter, restart, petsc_
         return TypeError(f"petsc_options must be a dict or None, got {type(petsc_options).__name__}")
     if options_prefix is not None and not isinstance(options_prefix, str):
         return TypeError(f"options_prefix must be a str or None, got {type(options_prefix).__name__}")
-    return None
-
-
-def _check_operator(dA):
-    """Local. The first problem with the operator, or None."""
-    if dA.dtype.is_complex:
-        return TypeError(f"complex matrices are not supported (A has dtype {dA.dtype}); solve the "
-                         "equivalent real system of twice the size")
-    if not dA.dtype.is_floating_point:
-        return TypeError(f"A must have a real floating dtype, got {dA.dtype}")
-    L = dA._layout
-    shape = tuple(dA.global_shape[:2])
-    if shape[0] != shape[1] or L.br != L.bc:
-        return ValueError(f"A must be square, got global shape {tuple(dA.global_shape)}")
-    if (L.rstart, L.rend) != (L.cstart, L.cend):
-        return ValueError(f"A's owned rows [{L.rstart}, {L.rend}) and owned columns [{L.cstart}, {L.cend}) "
-                          "differ on this rank; solvers need the same row and column ownership")
-    return None
-
-
-def _check_rhs(dA, b, x0):
-    """Local. The first problem with ``b`` / ``x0``, or None."""
-    n = dA.n_local
-    if not isinstance(b, torch.Tensor):
-        return TypeError(f"b must be a torch.Tensor of this rank's owned rows, got {type(b).__name__}")
-    if b.is_complex():
-        return TypeError(f"complex right-hand sides are not supported (b has dtype {b.dtype}); "
-                         "solve the real and imaginary parts separately")
-    if b.dim() not in (1, 2) or b.shape[0] != n:
-        return ValueError(f"b must have shape ({n},) or ({n}, k) (this rank's owned rows), "
-                          f"got {tuple(b.shape)}")
-    if b.dim() == 2 and b.shape[1] == 0:
-        return ValueError("b has no columns (shape (n, 0)): nothing to solve")
-    if b.dtype != dA.dtype:
-        return TypeError(f"b has dtype {b.dtype}, the matrix {dA.dtype}")
-    if isinstance(x0, str):
-        if x0 != "previous":
-            return ValueError(f"x0 must be a tensor, None or 'previous', got {x0!r}")
-    elif x0 is not None:
-        if not isinstance(x0, torch.Tensor) or x0.shape != b.shape:
-            return ValueError(f"x0 must be a tensor shaped like b {tuple(b.shape)}, got "
-                              f"{tuple(x0.shape) if isinstance(x0, torch.Tensor) else type(x0).__name__}")
-        if x0.is_complex():
-            return TypeError(f"complex x0 is not supported (dtype {x0.dtype})")
     return None
 
 
@@ -464,7 +407,7 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
     err = err or _check_settings(method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options,
                                  options_prefix) or _check_reuse(reuse_pc)
     if err is None:
-        err = _check_operator(dA) or _check_rhs(dA, b, x0) or _check_near_nullspace(dA, near_nullspace)
+        err = operator_error(dA) or rhs_error(dA, b, x0) or _check_near_nullspace(dA, near_nullspace)
     p = M if M is not None else pc
     agree = {"method": method, "backend": backend,
              "pc": "callable" if callable(p) else p,
@@ -482,8 +425,8 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
              "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
              if isinstance(petsc_options, dict) else repr(petsc_options),
              # a graph on some ranks only would leave those ranks alone in the backward's adjoint
-             "A's values require grad": _needs_grad(dA.values if dA is not None else None),
-             "b requires grad": _needs_grad(b)}
+             "A's values require grad": needs_grad(dA.values if dA is not None else None),
+             "b requires grad": needs_grad(b)}
     check_collective(comm, err, agree=agree)
     return dA
 
@@ -652,10 +595,10 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
                               options_prefix=options_prefix, record_history=record_history,
                               progress=progress, reuse_pc=reuse_pc, near_nullspace=near_nullspace)
     backend = default_backend() if backend is None else backend
-    if method == "direct":  # sparse LU / Cholesky: slasolve.direct (validates collectively)
-        from ..direct.api import _solve_direct
-        return _solve_direct(A, b, backend=backend, pc=M if M is not None else pc, return_info=return_info,
-                             petsc_options=petsc_options)
+    handler = solve_method(method)   # "direct": slasolve.direct's sparse LU / Cholesky (validates)
+    if handler is not None:
+        return handler(A, b, backend=backend, pc=M if M is not None else pc, return_info=return_info,
+                       petsc_options=petsc_options)
     # stage / event / phase times (slasolve._log): local bookkeeping, no communication
     with _log.stage("slaSolve"), _log.event("slaSolve"), _log.collect() as times:
         with _log.phase("check"):

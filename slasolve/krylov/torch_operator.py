@@ -20,7 +20,7 @@ and the product reads them without copying.
   to hide it cost more than it hid (``bench/torch_overhead.py``). The same
   conditions must hold on every exchanging rank (agreed by one Allreduce).
   Otherwise (blocks, other dtypes or devices) the layout's own product
-  (``_forward_product``) without the checks.
+  (``forward_product``) without the checks.
 
   The product itself is SciPy's compiled CSR kernel on NumPy views of the same
   arrays where it passes a check (:func:`_scipy_csr_matvec`: a smaller fixed
@@ -272,10 +272,10 @@ def krylov_matvec(dA, b: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]
     if not matched:
         return dA.matvec
     if not fast:
-        from ..dsparse import _forward_product
+        from ..dsparse import forward_product
 
         def generic(x: torch.Tensor) -> torch.Tensor:
-            return _forward_product(L, vals, x)[0]
+            return forward_product(L, vals, x)[0]
         return generic
     m, n = L.rend - L.rstart, L.cend - L.cstart
     indptr, indices = _extended_pattern(L)

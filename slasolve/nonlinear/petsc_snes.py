@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..petsc import PETSc, option_entries, temporary_options
+from ..petsc import PETSc, garbage_cleanup, option_entries, temporary_options
 from ..registry import petsc_method_name
 from .info import NonlinearInfo
 from .problem import global_norm
@@ -166,7 +166,7 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
               petsc_options, options_prefix, r0, extra) -> _Run:
     """Collective. One SNES solve from ``u0`` with the option entries ``extra`` on top of the
     defaults."""
-    from ..petsc import _create
+    from ..petsc import create_petsc_mat
     t0 = time.perf_counter()
     comm = prob.comm
     n = prob.n_local
@@ -179,7 +179,7 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     if use_jacobian:
         # the Mat's pattern comes from the Jacobian at u0 (handed to SNES's first Jacobian call)
         J0 = prob.jacobian(u0.detach())
-        Jmat = _create(J0.to(torch.float64), "aij")
+        Jmat = create_petsc_mat(J0.to(torch.float64), "aij")
     cb = _Callbacks(prob, u0.dtype, Jmat, progress, callback, u0.detach(), r0, J0)
     try:
         if options_prefix:
@@ -236,10 +236,9 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
                callback, progress, petsc_options=None, options_prefix=None, r0=None) -> tuple:
     """Collective. ``(u, NonlinearInfo)`` from PETSc SNES; raises only for errors inside the
     callbacks (collective checks, re-raised on every rank) or a rejected configuration."""
-    from ..krylov.solve import _garbage_cleanup
     t0 = time.perf_counter()
     comm = prob.comm
-    _garbage_cleanup(comm)
+    garbage_cleanup(comm)
     ls = dict(linear_solver)
     ls.setdefault("rtol", inner_rtol_default(u0.dtype, use_jacobian))
     args = (prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
