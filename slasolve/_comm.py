@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-__all__ = ["get_comm", "check_collective", "settings_digest", "allreduce_sum", "allreduce_max", "allreduce_int",
+__all__ = ["get_comm", "check_collective", "settings_digest", "options_key", "allreduce_sum", "allreduce_max", "allreduce_int",
            "exscan_sum", "user_code"]
 
 _ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError,
@@ -35,6 +35,12 @@ def settings_digest(settings) -> int:
     import hashlib
     h = hashlib.blake2b(repr(settings).encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") >> 2
+
+
+def options_key(options: Optional[dict]) -> tuple:
+    """Local. A hashable key of a ``petsc_options`` dict (cache keys: the same options give the
+    same key on every rank)."""
+    return tuple(sorted((str(k), repr(v)) for k, v in (options or {}).items()))
 
 
 def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=None) -> None:

@@ -123,28 +123,22 @@ def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def _rows(L, counts: torch.Tensor) -> torch.Tensor:
     """Local. Each stored entry's local row (int32 where it fits; cached on the layout)."""
-    rows = L.__dict__.get("value_grad_rows")
-    if rows is None:
+    def build():
         n = int(counts.numel())
         dt = torch.int32 if n < 2 ** 31 else torch.int64
-        rows = torch.repeat_interleave(torch.arange(n, dtype=dt, device=counts.device), counts)
-        L.__dict__["value_grad_rows"] = rows
-    return rows
+        return torch.repeat_interleave(torch.arange(n, dtype=dt, device=counts.device), counts)
+    return L.cached("value_grad", "rows", build)
 
 
 def _local_cols(L) -> torch.Tensor:
     """Local. Each stored entry's column in ``[owned columns; ghosts]`` numbering (cached on
     the layout: the pattern is fixed)."""
-    lc = L.__dict__.get("value_grad_cols")
-    if lc is None:
-        cols = L._pattern.indices
+    def build():
         n_cols = L.cend - L.cstart
-        lc = cols - L.cstart
+        lc = L._pattern.indices - L.cstart
         if L.n_offd:
             lc[L.offd_pos] = n_cols + L.off_col
-        if n_cols + int(L.ghost_ids.numel()) < 2 ** 31:
-            lc = lc.to(torch.int32)
-        L.__dict__["value_grad_cols"] = lc
-    return lc
+        return lc.to(torch.int32) if n_cols + int(L.ghost_ids.numel()) < 2 ** 31 else lc
+    return L.cached("value_grad", "cols", build)
 
 

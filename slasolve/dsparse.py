@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import operator
 import warnings
-from typing import Any, Optional, Sequence, Tuple
+from collections import OrderedDict
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -144,8 +145,37 @@ class RowLayout:
         self.bulk = None  # the forward product's index arrays: built on the first product
         self._transposed = None
         self._diag_entries = None  # (rows, positions) of the stored diagonal, found on first use
+        self._caches: dict = {}    # name -> cache (cache / cached)
         self.petsc_mat = None
         self.petsc_filled_from = None
+
+    def cache(self, name: str) -> dict:
+        """Local. This layout's cache ``name`` (a dict made on first use), shared by every
+        tensor of the layout (``with_values`` copies). Caches hold what the pattern and the
+        layout determine (PETSc Mats, solvers, factorisations, index arrays, start vectors),
+        never values that could go stale: whatever depends on values is checked against them
+        when used."""
+        cache = self._caches.get(name)
+        if cache is None:
+            cache = self._caches[name] = OrderedDict()
+        return cache
+
+    def cached(self, name: str, key, build: Callable[[], Any], size: Optional[int] = None):
+        """Local; collective when ``build`` is (then every rank passes the same ``key``, and
+        every rank hits, misses and evicts at the same call). The entry ``key`` of the cache
+        ``name``, made by ``build()`` on a miss. With ``size``, least recently used entries
+        beyond ``size`` are dropped, not destroyed: an autograd graph may still hold one for
+        its backward; PETSc destroys dropped objects at its next
+        :func:`slasolve.petsc.garbage_cleanup`, which the PETSc solvers run (collectively)
+        before creating one."""
+        cache = self.cache(name)
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        value = cache[key] = build()
+        while size is not None and len(cache) > size:
+            cache.popitem(last=False)
+        return value
 
     def bulk_patterns(self) -> None:
         """Index arrays for products straight from the values in CSR order (see

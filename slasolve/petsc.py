@@ -117,7 +117,7 @@ def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None):
     """
     L = dA._need_row_shard("to_petsc")
     mat_type = _default_type(dA) if mat_type is None else mat_type
-    mats = L.__dict__.setdefault("petsc_mats", {})
+    mats = L.cache("petsc_mats")
     vals = dA.values.detach()
     entry = mats.get(mat_type)
     if entry is None:

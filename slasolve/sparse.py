@@ -77,6 +77,9 @@ class Pattern:
         self._scalar: dict = {}
         self._csr32: Optional[tuple] = None
         self._mirror: dict = {}
+        # the one-rank layout of a tensor on this pattern (krylov.operator.as_row_shard), kept so
+        # repeated solves with new values reuse it and the PETSc Mat / solvers cached on it
+        self.self_layout = None
 
     @property
     def nnz(self) -> int:

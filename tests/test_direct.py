@@ -236,7 +236,7 @@ def test_backward_reuses_factors(comm):
         # the same through spsolve (its factorisation is cached on the layout)
         A2 = dA.with_values(v)
         x = spsolve(A2, b, backend=backend)
-        cached = [f for f in dA._layout.direct_cache.values() if f.backend == ("petsc" if backend == "petsc"
+        cached = [f for f in dA._layout.cache("factorizations").values() if f.backend == ("petsc" if backend == "petsc"
                                                                                   else "scipy")]
         assert len(cached) == 1
         n0, t0 = cached[0].info.numeric_factorizations, cached[0].info.transpose_solves

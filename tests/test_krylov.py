@@ -206,10 +206,10 @@ def test_callback_history_options_and_cache(comm):
                                raise_on_fail=False, return_info=True)
     assert info2.iterations <= 5
     # the KSP is cached on the layout and reused; new values refill the same Mat
-    solver_count = len(dA._layout.solver_cache)
+    solver_count = len(dA._layout.cache("solvers"))
     dB = dA.with_values(dA.values * 2.0)
     x3 = slasolve.solve(dB, b, "cg", rtol=1e-10)
-    assert len(dA._layout.solver_cache) == solver_count
+    assert len(dA._layout.cache("solvers")) == solver_count
     assert dB.to_petsc() is dA.to_petsc()
     x4 = slasolve.solve(dA, b, "cg", rtol=1e-10)
     assert torch.allclose(x3 * 2.0, x4, atol=1e-8)

@@ -5,13 +5,12 @@ See the package docstring (:mod:`slasolve.direct`) for the contract.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from typing import Optional, Tuple, Union
 
 import torch
 
 from .. import _log
-from .._comm import check_collective
+from .._comm import check_collective, options_key
 from ..autograd import matvec_value_grad, saved_tensors
 from ..registry import default_backend, register_solve_method
 from ..krylov.info import SolveInfo
@@ -95,20 +94,9 @@ def _new_factor(dA, path, factorization, petsc_options):
 
 def _cached_factor(dA, path, factorization, petsc_options):
     """Collective (settings agree on every rank, so every rank hits / misses together)."""
-    L = dA._layout
-    cache = L.__dict__.get("direct_cache")
-    if not isinstance(cache, OrderedDict):
-        cache = L.__dict__["direct_cache"] = OrderedDict()
-    key = (path, factorization or "auto",
-           tuple(sorted((str(k), repr(v)) for k, v in (petsc_options or {}).items())))
-    fac = cache.get(key)
-    if fac is None:
-        fac = cache[key] = _new_factor(dA, path, factorization, petsc_options)
-        while len(cache) > DIRECT_CACHE_SIZE:
-            cache.popitem(last=False)
-    else:
-        cache.move_to_end(key)
-    return fac
+    key = (path, factorization or "auto", options_key(petsc_options))
+    return dA._layout.cached("factorizations", key, lambda: _new_factor(dA, path, factorization, petsc_options),
+                             DIRECT_CACHE_SIZE)
 
 
 def _refresh(fac, dA) -> None:

@@ -479,13 +479,8 @@ def _validate(dA, dM, comm, n, k, which, sigma, tol, maxiter, backend, method, n
 # --------------------------------------------------------------------------- #
 def _default_v0(dA, row_offset, row_ids):
     """The deterministic start vector, cached on the layout (it depends only on the rows)."""
-    L = dA._layout
-    cache = L.__dict__.setdefault("_eigsh_v0", {})
-    key = (dA.dtype, str(dA.device))
-    if key not in cache:
-        cache[key] = start_vectors(dA.n_local, 1, row_offset=row_offset, row_ids=row_ids, seed=0,
-                                   dtype=dA.dtype, device=dA.device)[:, 0]
-    return cache[key]
+    return dA._layout.cached("eigsh_v0", (dA.dtype, str(dA.device)), lambda: start_vectors(
+        dA.n_local, 1, row_offset=row_offset, row_ids=row_ids, seed=0, dtype=dA.dtype, device=dA.device)[:, 0])
 
 
 def _sym_rtol(dtype) -> float:

@@ -37,11 +37,11 @@ def as_row_shard(A) -> DSparseTensor:
     if A.M != A.N:
         raise ValueError(f"A must be square, got {A.matrix_shape}")
     pattern = A.pattern
-    layout = getattr(pattern, "_self_layout", None)
+    layout = pattern.self_layout
     offs = ((0, A.M), (0, A.N))
     if layout is None:
         layout = RowLayout(MPI.COMM_SELF, pattern, offs[0], offs[1], A.block_shape)
-        pattern._self_layout = layout
+        pattern.self_layout = layout
     spec = DSparseSpec(row_shard(), MPI.COMM_SELF, A.shape, None, offs)
     return DSparseTensor(A, spec, _layout=layout)
 

@@ -78,6 +78,7 @@ from .. import _log
 from .._comm import allreduce_int, check_collective
 from ..petsc import PETSc, option_entries, temporary_options
 from ..registry import PRECONDITIONERS, krylov_method, petsc_method_name, preconditioner
+from .base import KrylovSolver
 from .info import REASONS, SolveInfo
 from .torch_methods import default_maxiter
 
@@ -183,7 +184,7 @@ def _vec(t: torch.Tensor, n_global: int, comm):
     return PETSc.Vec().createWithArray(arr, size=(arr.shape[0], n_global), comm=comm)
 
 
-class PetscKrylov:
+class PetscKrylov(KrylovSolver):
     """Collective (constructor). A cached KSP for one operator layout and method.
 
     Configuration errors (unknown ``ksp_type`` in the options, a preconditioner PETSc
@@ -195,8 +196,10 @@ class PetscKrylov:
 
     def __init__(self, dA, method: str, pc, *, restart: int = 30, options_prefix: Optional[str] = None,
                  petsc_options: Optional[dict] = None, reuse_interpolation: bool = False):
+        super().__init__()
         self.symmetric = krylov_method(method).symmetric
         self.method = method
+        self._diag_checked: dict = {}   # "main"/"T" -> (error, operator stamp) of the last diagonal check
         self.comm = dA.comm
         self.n_global = dA.global_shape[0] * (dA.local.block_shape[0] if dA.local.is_block else 1)
         t0 = time.perf_counter()
@@ -364,7 +367,7 @@ class PetscKrylov:
         # the diagonal check scans dA's values: skip it while the operator Mat is the one the
         # last check passed on, unchanged since (its PETSc state; the Mat is held, so its
         # handle is not reused) -- dA's values were written into it, so they are the same
-        checked = self.__dict__.setdefault("_diag_checked", {})
+        checked = self._diag_checked
         key = "main" if ksp is self.ksp else "T"
         op = ksp.getOperators()[0]
         stamp = (op.handle, op.stateGet(), ksp.getPC().getType())

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import OrderedDict
 from numbers import Integral, Real
 from typing import Callable, Optional, Tuple, Union
 
@@ -18,7 +17,7 @@ import torch
 from mpi4py import MPI
 
 from .. import _log
-from .._comm import allreduce_int, check_collective, user_code
+from .._comm import allreduce_int, check_collective, options_key, user_code
 from ..autograd import looks_symmetric, matvec_value_grad, saved_tensors
 from ..registry import BACKENDS, KRYLOV_METHODS, default_backend, solve_method, solve_method_names
 from .info import ConvergenceError, SolveInfo
@@ -59,17 +58,13 @@ def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reu
     ``PETSc.garbage_cleanup``, which runs (collectively) whenever a solver is created.
     A user callable preconditioner is keyed as ``"callable"`` and swapped in per call.
     """
-    L = dA._layout
-    cache = L.__dict__.get("solver_cache")
-    if not isinstance(cache, OrderedDict):
-        cache = L.__dict__["solver_cache"] = OrderedDict()
-    opts_key = tuple(sorted((str(k), repr(v)) for k, v in (petsc_options or {}).items()))
     # reuse_pc="interpolation" configures GAMG differently: a KSP of its own, never shared
     interp = reuse_pc == "interpolation" and backend == "petsc"
-    key = (backend, method, _pc_key(pc), int(restart), options_prefix, opts_key) + (("interp",) if interp else ())
-    solver = cache.get(key)
-    if solver is None:
-        err = None
+    key = (backend, method, _pc_key(pc), int(restart), options_prefix, options_key(petsc_options)) + \
+        (("interp",) if interp else ())
+
+    def build():
+        err = solver = None
         with _log.phase("setup", _log.event("slaSolverSetup")):
             if backend == "petsc":
                 from ..petsc import garbage_cleanup
@@ -85,11 +80,9 @@ def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reu
             except (ValueError, TypeError, ImportError) as e:
                 err = e
             check_collective(dA.comm, err)
-        cache[key] = solver
-        while len(cache) > SOLVER_CACHE_SIZE:
-            cache.popitem(last=False)
-    else:
-        cache.move_to_end(key)
+        return solver
+
+    solver = dA._layout.cached("solvers", key, build, SOLVER_CACHE_SIZE)
     if callable(pc):
         solver.set_callable(pc)
     return solver
@@ -165,9 +158,9 @@ def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None, tol
     reuses what is kept, uncapped, and neither judges nor resets ``base``.
     """
     if mode is False:  # a default call forgets the rule's state (it rebuilds for new values)
-        solver.__dict__.pop("_reuse_state", None)
+        solver.reuse_state.clear()
         return run(False)
-    state = solver.__dict__.setdefault("_reuse_state", {})
+    state = solver.reuse_state
     reset = getattr(solver, "reset_pc", None)
     base = state.get("base")
     comparable = state.get("tol") == tol   # iteration counts at other tolerances say nothing
@@ -309,14 +302,14 @@ def _previous(solver, what, b):
     """Local. The last solution ``what`` (``"x"``, adjoint ``"lam"``) this solver gave for a
     right-hand side shaped like ``b`` under ``x0="previous"``, or None. Every rank finds
     one or none alike: the cache and the call sequence are the same on every rank."""
-    prev = solver.__dict__.get("_previous", {}).get(what)
+    prev = solver.previous.get(what)
     if prev is None or prev.shape != b.shape or prev.dtype != b.dtype or prev.device != b.device:
         return None
     return prev
 
 
 def _remember(solver, what, x) -> None:
-    solver.__dict__.setdefault("_previous", {})[what] = x.detach().clone()
+    solver.previous[what] = x.detach().clone()
 
 
 def _is_int(v) -> bool:

@@ -16,6 +16,7 @@ from .. import _log
 from .._comm import check_collective
 from ..registry import krylov_method, preconditioner
 from . import torch_methods, torch_operator, torch_pc
+from .base import KrylovSolver
 
 __all__ = ["TorchKrylov", "torch_kernel"]
 
@@ -60,7 +61,7 @@ def _build_pc(dA, pc, transpose: bool, diag=None):
     raise AssertionError(f"pc {pc!r} is registered for the torch backend but not built here")
 
 
-class TorchKrylov:
+class TorchKrylov(KrylovSolver):
     """Collective (constructor). Native Krylov solves for one operator and method.
 
     The preconditioner is rebuilt whenever the matrix values differ from the values it
@@ -71,6 +72,7 @@ class TorchKrylov:
     backend = "torch"
 
     def __init__(self, dA, method: str, pc, *, restart: int = 30, **_ignored):
+        super().__init__()
         self._kernel = torch_kernel(method)
         self.symmetric = krylov_method(method).symmetric
         if not callable(pc):
