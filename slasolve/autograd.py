@@ -15,7 +15,7 @@ import torch
 from ._comm import check_collective
 from .collectives import global_sum
 
-__all__ = ["matvec_value_grad", "global_sum", "saved_tensors", "symmetry_defect"]
+__all__ = ["matvec_value_grad", "global_sum", "saved_tensors", "symmetry_defect", "AdjointFunction"]
 
 #: a relative defect above this (see :func:`symmetry_defect`) counts as a nonsymmetric matrix:
 #: far above the rounding of the two products and reductions (~sqrt(n) eps), far below the
@@ -142,3 +142,40 @@ def _local_cols(L) -> torch.Tensor:
     return L.cached("value_grad", "cols", build)
 
 
+class AdjointFunction(torch.autograd.Function):
+    """Collective (backward). Base of the solvers' adjoint Functions (:func:`slasolve.solve`,
+    :func:`slasolve.spsolve`, :func:`slasolve.eigsh`, :func:`slasolve.nonlinear_solve`):
+    differentiable once, the guards and their messages in one place.
+
+    ``backward`` raises ``RuntimeError`` (on every rank: ``create_graph`` is the same
+    everywhere) when a second derivative is asked (``create_graph=True``): the adjoint solves
+    are not recorded, so it would silently miss their terms, and torch's
+    ``once_differentiable`` is not enough (its error node is not reached by
+    ``torch.autograd.grad(..., inputs)``). It then checks the saved tensors against in-place
+    changes on every rank (:func:`saved_tensors`) and calls the subclass's
+    ``adjoint(ctx, saved, *grads)``. Subclasses set ``name`` (the public function, for the
+    messages) and ``comm(ctx)`` (the communicator of the forward).
+    """
+
+    name = ""
+
+    @staticmethod
+    def comm(ctx):
+        """Local. The communicator of the forward (subclasses)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def adjoint(ctx, saved, *grads):
+        """Collective. The gradients of the forward's inputs from those of its outputs
+        (subclasses), ``saved`` the checked saved tensors."""
+        raise NotImplementedError
+
+    @classmethod
+    def backward(cls, ctx, *grads):
+        """Collective. The guards, then :meth:`adjoint`."""
+        if torch.is_grad_enabled():
+            raise RuntimeError(f"{cls.name} is differentiable once: second derivatives (backward with "
+                               "create_graph=True) through it are not implemented; they would silently "
+                               "miss the terms of its adjoint")
+        saved = saved_tensors(ctx, cls.comm(ctx), f"backward of {cls.name}")
+        return cls.adjoint(ctx, saved, *grads)

@@ -11,7 +11,7 @@ import torch
 
 from .. import _log
 from .._comm import check_collective, options_key
-from ..autograd import matvec_value_grad, saved_tensors
+from ..autograd import AdjointFunction, matvec_value_grad
 from ..registry import default_backend, register_solve_method
 from ..krylov.info import SolveInfo
 from .info import FactorizationError, FactorizationInfo, failed_info
@@ -164,7 +164,7 @@ def _checked_solve(fac, dA, b: torch.Tensor, transpose: bool) -> torch.Tensor:
     return x.to(dA.dtype)
 
 
-class _DirectSolve(torch.autograd.Function):
+class _DirectSolve(AdjointFunction):
     @staticmethod
     def forward(ctx, values, b, fac, dA, transpose):
         x = _checked_solve(fac, dA, b, transpose)
@@ -174,12 +174,15 @@ class _DirectSolve(torch.autograd.Function):
         ctx.save_for_backward(x, values)
         return x
 
+    name = "slasolve.spsolve"
+
     @staticmethod
-    def backward(ctx, g):
-        if torch.is_grad_enabled():
-            raise RuntimeError("slasolve.spsolve is differentiable once: second derivatives through a "
-                               "direct solve are not implemented (backward with create_graph=True)")
-        x, _ = saved_tensors(ctx, ctx.dA.comm, "backward of slasolve.spsolve")
+    def comm(ctx):
+        return ctx.dA.comm
+
+    @staticmethod
+    def adjoint(ctx, saved, g):
+        x, _ = saved
         # ONE solve with the transposed operator and the same factors (refactorised only
         # if A's values were changed in place since the forward)
         lam = _checked_solve(ctx.fac, ctx.dA, g.contiguous(), not ctx.transpose)

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 from .. import _log
 from .._comm import allreduce_int, check_collective, options_key, user_code
-from ..autograd import looks_symmetric, matvec_value_grad, saved_tensors
+from ..autograd import AdjointFunction, looks_symmetric, matvec_value_grad
 from ..registry import BACKENDS, KRYLOV_METHODS, default_backend, solve_method, solve_method_names
 from .info import ConvergenceError, SolveInfo
 from .torch_methods import default_maxiter
@@ -201,7 +201,7 @@ def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None, tol
 _NOT_SOLVER_KW = ("raise_on_fail", "pc_fn", "reuse_pc", "warm", "fallback", "limit", "transpose_solver")
 
 
-class _AdjointSolve(torch.autograd.Function):
+class _AdjointSolve(AdjointFunction):
     @staticmethod
     def forward(ctx, values, b, dA, solver, opts, x0, out):
         kw = {k: v for k, v in opts.items() if k not in _NOT_SOLVER_KW}
@@ -230,16 +230,15 @@ class _AdjointSolve(torch.autograd.Function):
         ctx.save_for_backward(x, values)
         return x
 
+    name = "slasolve.solve"
+
     @staticmethod
-    def backward(ctx, g):
-        if torch.is_grad_enabled():
-            # create_graph=True: the adjoint solve below is not recorded, so any second
-            # derivative would silently miss the solve's terms. torch's once_differentiable
-            # does not help here: its error node is only reached by .backward(), not by
-            # autograd.grad(..., inputs) (Hessian-vector products), so raise now.
-            raise RuntimeError("slasolve.solve is differentiable once: second derivatives through a "
-                               "solve are not implemented (backward with create_graph=True)")
-        x, _ = saved_tensors(ctx, ctx.dA.comm, "backward of slasolve.solve")
+    def comm(ctx):
+        return ctx.dA.comm
+
+    @staticmethod
+    def adjoint(ctx, saved, g):
+        x, _ = saved
         if ctx.opts.get("pc_fn") is not None:  # the cached solver may have another callable now
             ctx.solver.set_callable(ctx.opts["pc_fn"])
         kw = {k: v for k, v in ctx.opts.items() if k not in _NOT_SOLVER_KW}

@@ -16,7 +16,7 @@ import torch
 
 from .. import _log
 from .._comm import allreduce_sum, check_collective, get_comm, user_code
-from ..autograd import saved_tensors
+from ..autograd import AdjointFunction
 from ..registry import KRYLOV_METHODS, default_backend
 from .info import NonlinearConvergenceError, NonlinearInfo
 from .problem import Problem
@@ -115,7 +115,7 @@ def _nested_grad_error(params):
     return None
 
 
-class _ImplicitFunction(torch.autograd.Function):
+class _ImplicitFunction(AdjointFunction):
     """``u*(params)`` defined by ``F(u*, params) = 0``; backward by the implicit function theorem.
     ``params`` arrive flattened (DSparseTensors as their values tensors)."""
 
@@ -127,14 +127,16 @@ class _ImplicitFunction(torch.autograd.Function):
         ctx.save_for_backward(u_star, *(p for p in params if isinstance(p, torch.Tensor)))
         return u_star.clone()
 
+    name = "slasolve.nonlinear_solve"
+
     @staticmethod
-    def backward(ctx, g):
-        if torch.is_grad_enabled():
-            raise RuntimeError("slasolve.nonlinear_solve is differentiable once: second derivatives "
-                               "through a nonlinear solve are not implemented (backward with "
-                               "create_graph=True)")
+    def comm(ctx):
+        return ctx.ctl["comm"]
+
+    @staticmethod
+    def adjoint(ctx, saved, g):
         ctl = ctx.ctl
-        u = saved_tensors(ctx, ctl["comm"], "backward of slasolve.nonlinear_solve")[0]
+        u = saved[0]
         if ctl["failed"] is not None:  # the same on every rank (decided from global norms)
             raise RuntimeError(f"nonlinear_solve did not converge ({ctl['failed']}): the implicit-function "
                                "gradient of its result is undefined (raise_on_fail=False returned it)")
