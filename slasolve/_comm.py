@@ -7,7 +7,7 @@ that no rank is left waiting in a collective that the failing rank never enters.
 from __future__ import annotations
 
 import builtins
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -37,10 +37,16 @@ def settings_digest(settings) -> int:
     return int.from_bytes(h, "little") >> 2
 
 
-def options_key(options: Optional[dict]) -> tuple:
-    """Local. A hashable key of a ``petsc_options`` dict (cache keys: the same options give the
-    same key on every rank)."""
-    return tuple(sorted((str(k), repr(v)) for k, v in (options or {}).items()))
+def options_key(options) -> Union[tuple, str]:
+    """Local. A hashable, rank-independent key of a settings dict (``petsc_options``,
+    ``linear_solver``): its sorted ``(name, repr(value))`` pairs, ``()`` for None, the
+    ``repr`` of anything else. Both the cache keys and the settings every rank must agree
+    on (``check_collective(agree=...)``) are made with it."""
+    if options is None:
+        return ()
+    if isinstance(options, dict):
+        return tuple(sorted((str(k), repr(v)) for k, v in options.items()))
+    return repr(options)
 
 
 def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=None) -> None:

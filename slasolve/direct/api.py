@@ -75,8 +75,7 @@ def _validate(A, b, *, backend, factorization, petsc_options, return_info, what=
              "b columns": (b.shape[1] if b.dim() == 2 else None) if isinstance(b, torch.Tensor) else None,
              "dtype": str(b.dtype) if isinstance(b, torch.Tensor) else None,
              "return_info": bool(return_info),
-             "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
-             if isinstance(petsc_options, dict) else repr(petsc_options),
+             "petsc_options": options_key(petsc_options),
              "A's values require grad": needs_grad(dA.values if dA is not None else None),
              "b requires grad": needs_grad(b)}
     check_collective(comm, err, agree=agree)

@@ -14,7 +14,7 @@ from typing import Callable, Optional, Union
 import torch
 
 from .. import _log
-from .._comm import allreduce_max, allreduce_sum, check_collective
+from .._comm import allreduce_max, allreduce_sum, check_collective, options_key
 from ..dsparse import DSparseTensor
 from .autograd import DEGENERATE_RTOL, EigshFunction, _State
 from .info import EigenConvergenceError, EigenInfo
@@ -403,12 +403,7 @@ def _agreed_settings(**kw):
     """Settings that must be identical on every rank, as values with a stable repr."""
     pc = kw["pc"]
     kw["pc"] = "<callable>" if callable(pc) else pc
-    opts = kw["petsc_options"]
-    if opts is not None:
-        try:
-            kw["petsc_options"] = tuple(sorted((str(a), repr(b)) for a, b in dict(opts).items()))
-        except (TypeError, ValueError):
-            kw["petsc_options"] = repr(opts)
+    kw["petsc_options"] = options_key(kw["petsc_options"])
     for name in ("k", "which", "sigma", "tol", "maxiter", "ncv", "options_prefix", "st_solver",
                  "grad_rtol", "grad_maxiter", "degenerate_rtol", "backend", "method"):
         v = kw[name]

@@ -414,8 +414,7 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
              "near_nullspace columns": None if near_nullspace is None else
              (near_nullspace.shape[-1] if isinstance(near_nullspace, torch.Tensor) else "given"),
              "options_prefix": options_prefix,
-             "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
-             if isinstance(petsc_options, dict) else repr(petsc_options),
+             "petsc_options": options_key(petsc_options),
              # a graph on some ranks only would leave those ranks alone in the backward's adjoint
              "A's values require grad": needs_grad(dA.values if dA is not None else None),
              "b requires grad": needs_grad(b)}

@@ -15,7 +15,7 @@ from typing import Callable, Optional, Tuple, Union
 import torch
 
 from .. import _log
-from .._comm import allreduce_sum, check_collective, get_comm, user_code
+from .._comm import allreduce_sum, check_collective, get_comm, options_key, user_code
 from ..autograd import AdjointFunction
 from ..registry import KRYLOV_METHODS, default_backend
 from .info import NonlinearConvergenceError, NonlinearInfo
@@ -306,10 +306,8 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
                  (isinstance(p, torch.Tensor) and p.requires_grad) or
                  (_is_dsparse(p) and p.values.requires_grad))],
              "u0 requires grad": isinstance(u0, torch.Tensor) and u0.requires_grad and torch.is_grad_enabled(),
-             "linear_solver": sorted((str(k), repr(v)) for k, v in linear_solver.items())
-             if isinstance(linear_solver, dict) else repr(linear_solver),
-             "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
-             if isinstance(petsc_options, dict) else repr(petsc_options)}
+             "linear_solver": options_key(linear_solver),
+             "petsc_options": options_key(petsc_options)}
     check_collective(comm, err, agree=agree)
     rtol, atol = float(rtol), float(atol)
     stol = None if stol is None else float(stol)
