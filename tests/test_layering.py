@@ -8,7 +8,8 @@ and each subpackage (``slasolve/krylov/`` -> ``slasolve.krylov``); the package's
   function-level import hides a cycle, it does not remove it); one known module cycle inside
   ``slasolve.fem`` is listed in ``KNOWN_MODULE_CYCLES`` until it is removed;
 * no name with a leading underscore imported from another unit. Modules whose own name starts
-  with an underscore (``_comm``, ``_log``, ``_process``, ``_petsc_values``) are the library's
+  with an underscore (``_comm``, ``_log``, ``_process``, ``_startup``, ``_faults``, ``_argv``,
+  ``_petsc_values``) are the library's
   shared infrastructure: any unit may import them, but not their underscore-prefixed names.
 
 A new module that breaks either rule fails here with the offending imports named.
