@@ -531,19 +531,19 @@ def test_verification_failure_raises():
     import importlib
     E = importlib.import_module("slasolve.eigen.eigsh")
     A = laplacian((12, 12))
-    old = E._verify
+    old = E.verify
 
     def failing(*a, **kw):
         w, V, rounds, w_next, err = old(*a, **kw)
         return w, V, rounds, None, "forced failure"
-    E._verify = failing
+    E.verify = failing
     try:
         with pytest.raises(EigenConvergenceError, match="krylovschur"):
             eigsh(A, k=4, which="SA")
         w, V, info = eigsh(A, k=4, which="SA", raise_on_fail=False, return_info=True)
         assert not info.verified and not info.success
     finally:
-        E._verify = old
+        E.verify = old
 
 
 # ------------------------------------------------ gradients at repeated eigenvalues
