@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from ._argv import interactive
 
-__all__ = ["install", "abort_on_unhandled_exception"]
+__all__ = ["install", "abort_on_unhandled_exception", "exit_status", "restore_exit_status"]
 
 ENV_ABORT = "SLASOLVE_ABORT_ON_EXCEPTION"
 ENV_TIMEOUT = "SLASOLVE_EXIT_TIMEOUT"
@@ -83,6 +83,17 @@ def _exit(status=None):
     """``sys.exit`` that remembers its status for the exit watchdog."""
     _state.exit_status = status
     return _state.original_exit(status)
+
+
+def exit_status():
+    """Local. The status last given to ``sys.exit`` (None: none), which the exit watchdog reads."""
+    return _state.exit_status
+
+
+def restore_exit_status(status) -> None:
+    """Local. Put back the status recorded before a ``sys.exit`` that was raised and caught (a
+    library calling ``sys.exit`` inside a ``try``): it was no exit."""
+    _state.exit_status = status
 
 
 def _exit_code(status) -> int:

@@ -376,13 +376,13 @@ def _meshio_read(path: str):
                              f"format's suffix, e.g. .msh, .vtu, .vtk, .xdmf)") from None
         readers = [(f, reader_map[f]) for f in formats if f in reader_map]
     problems = []
-    from .. import _process
-    hint = _process._state.exit_status
+    from .._faults import exit_status, restore_exit_status
+    hint = exit_status()
     for fmt, reader in readers:
         try:
             return reader(path)
         except (Exception, SystemExit) as e:  # noqa: BLE001 - readers raise many types (even SystemExit)
-            _process._state.exit_status = hint   # a caught SystemExit is no exit
+            restore_exit_status(hint)   # a caught SystemExit is no exit
             cause = e.__cause__ or e.__context__
             detail = str(e) or (f"{type(cause).__name__}: {cause}" if cause is not None else "")
             problems.append(f"as {fmt}: {type(e).__name__}: {detail}".rstrip(": "))

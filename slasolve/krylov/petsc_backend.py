@@ -10,7 +10,7 @@ that is above ``max(rtol ||b||, atol)``, continues from ``x`` with a tighter tol
 (within ``maxiter``), else reports ``DIVERGED_ITS``; the same for any KSP the options
 put on another norm. ``SolveInfo.residual_norm`` is then the true residual.
 
-The KSP is cached (see ``solve._solver``) and reused while only the right-hand
+The KSP is cached (see ``solve._solver``, the layout's ``"solvers"`` cache) and reused while only the right-hand
 side changes. Nothing a call asks for survives into the next call:
 
 * every per-call setting is set on every call: ``rtol``, ``atol``, ``max_it``
@@ -35,7 +35,7 @@ side changes. Nothing a call asks for survives into the next call:
   PETSc rebuilds the preconditioner on the next solve. For GAMG under
   ``reuse_pc=False`` slasolve sets ``-pc_gamg_reuse_interpolation false`` (unless the
   options database says otherwise; the default ``reuse_pc="auto"`` uses the
-  ``reuse_interpolation`` KSP below, with the checks of ``solve._with_reuse``): PETSc 3.18 otherwise keeps the old prolongators *and* the
+  ``reuse_interpolation`` KSP below, with the checks of ``reuse.with_reuse``): PETSc 3.18 otherwise keeps the old prolongators *and* the
   Chebyshev eigenvalue estimates made for the old matrix, which can give
   ``DIVERGED_INDEFINITE_PC`` after large value changes (SIMP densities).
 

@@ -8,19 +8,18 @@ solver (and preconditioner), then ``dL/db = lam`` and
 """
 from __future__ import annotations
 
-import dataclasses
-import math
 from numbers import Integral, Real
 from typing import Callable, Optional, Tuple, Union
 
 import torch
-from mpi4py import MPI
 
 from .. import _log
-from .._comm import allreduce_int, check_collective, options_key, user_code
-from ..autograd import AdjointFunction, looks_symmetric, matvec_value_grad
+from .._comm import check_collective, options_key, user_code
 from ..registry import BACKENDS, KRYLOV_METHODS, default_backend, solve_method, solve_method_names
-from .info import ConvergenceError, SolveInfo
+from .adjoint import AdjointSolve
+from .info import SolveInfo
+from .reuse import check_reuse, resolve_reuse
+from .runs import merge_infos
 from .torch_methods import default_maxiter
 from ..sparse import SparseTensor
 from .operator import as_row_shard, needs_grad, operator_error, rhs_error
@@ -30,18 +29,6 @@ __all__ = ["solve", "cg", "gmres", "minres", "bicgstab", "cgs", "tfqmr", "defaul
 
 #: KSPs / native solvers kept per operator layout (least recently used evicted first)
 SOLVER_CACHE_SIZE = 8
-
-#: ``reuse_pc`` modes besides ``False`` / ``True`` (``"auto"``, the default, picks one per call)
-REUSE_MODES = ("lagged", "interpolation")
-#: ``reuse_pc="lagged"`` / ``"interpolation"``: once a solve that reused the preconditioner
-#: needed more than ``LAG_GROWTH`` times the iterations of the solve right after the last full
-#: build, the next solve builds it afresh; a solve that reuses it is stopped after ``LAG_CAP``
-#: times those iterations and redone with the preconditioner built for its values
-#: after a solve that reused it had to be redone, the next 1, 3, 7, ... (at most
-#: ``LAG_BACKOFF_MAX``) forward solves build the preconditioner without trying the kept one
-LAG_GROWTH = 1.2
-LAG_CAP = 2.0
-LAG_BACKOFF_MAX = 15
 
 
 def _pc_key(pc):
@@ -86,229 +73,6 @@ def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reu
     if callable(pc):
         solver.set_callable(pc)
     return solver
-
-
-def _raise_if_failed(info: SolveInfo, raise_on_fail: bool, what: str = "") -> None:
-    # info is identical on every rank (decided from reduced scalars / PETSc's
-    # global reason), so every rank raises together
-    if raise_on_fail and not info.converged:
-        raise ConvergenceError(info, None if not what else
-                               f"{what}: {info.method} did not converge: {info.reason} after "
-                               f"{info.iterations} iterations, residual norm {info.residual_norm:.3e}")
-
-
-def _merge(infos):
-    if len(infos) == 1:
-        return infos[0]
-    worst = next((i for i in infos if not i.converged), infos[-1])
-    out = SolveInfo(converged=all(i.converged for i in infos), reason=worst.reason,
-                    iterations=max(i.iterations for i in infos),
-                    residual_norm=max(i.residual_norm for i in infos),
-                    setup_time=sum(i.setup_time for i in infos), solve_time=sum(i.solve_time for i in infos),
-                    method=worst.method, backend=worst.backend, rtol=worst.rtol, atol=worst.atol,
-                    pc=worst.pc)
-    keys = dict.fromkeys(k for i in infos for k in i.times)
-    out.times = {k: sum(i.times.get(k, 0.0) for i in infos) for k in keys}
-    out.per_rhs = infos
-    out.floor = max((i.floor for i in infos if i.floor is not None), default=None)
-    return out
-
-
-def _columns(solve_one, b, x0, solve_many=None):
-    """Solve column by column for ``b`` of shape ``(n, k)``, or all columns in one call
-    with ``solve_many(b, x0) -> (x, [SolveInfo per column])`` (the petsc backend)."""
-    if b.dim() == 1:
-        return solve_one(b, x0)
-    if solve_many is not None:
-        x, infos = solve_many(b, x0)
-        return x, _merge(infos)
-    xs, infos = [], []
-    for j in range(b.shape[1]):
-        x, info = solve_one(b[:, j].contiguous(), None if x0 is None else x0[:, j].contiguous())
-        xs.append(x)
-        infos.append(info)
-    return torch.stack(xs, 1), _merge(infos)
-
-
-def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None, tol=None):
-    """Collective. ``run(reuse, other_solver=None, maxiter=None) -> (x, info)`` under the
-    ``reuse_pc`` mode ``mode``; ``reuse`` is PETSc's ``KSPSetReusePreconditioner`` flag for
-    the call, ``maxiter`` (if given) replaces the call's, whose value is ``limit``.
-
-    Whatever the mode, a reusing solve that does not converge is solved again, from the
-    same initial guess, with the preconditioner built from scratch for the current values
-    (and if that fails too and ``fallback()`` gives one, by the default-mode solver: the
-    interpolation mode's KSP is configured differently). So reuse changes iteration counts
-    and set-up times, never the answer, nor whether the call raises.
-
-    ``"lagged"`` and ``"interpolation"`` remember ``base``, the iterations of the forward
-    solve right after the last full build. A forward solve that reuses and needs more than
-    ``LAG_GROWTH * base`` iterations makes the next forward solve build afresh; it is capped
-    at ``ceil(LAG_CAP * base)`` iterations (within ``limit``): a preconditioner that cannot
-    do that well is rebuilt at once and the solve redone, so a stale one costs at most that
-    many iterations; after such a redo the next 1, 3, 7, ... (consecutive failures; at most
-    ``LAG_BACKOFF_MAX``) forward solves build without trying the kept one, so a loop whose
-    values jump at every step does not pay the cap at every step. ``"lagged"`` keeps the whole preconditioner (the reuse flag);
-    ``"interpolation"`` passes no flag (its GAMG recomputes all but the prolongators) and
-    builds from scratch with ``reset_pc``. ``True`` keeps it without a cap (PETSc's
-    semantics). The adjoint (``forward=False``) runs, uncapped, with whatever the forward
-    left (same values: nothing is set up). Decisions use global quantities only (iteration
-    counts, convergence), the same on every rank. Iteration counts are compared only between
-    solves with the same tolerances ``tol`` (``(rtol, atol)``): a solve with other tolerances
-    reuses what is kept, uncapped, and neither judges nor resets ``base``.
-    """
-    if mode is False:  # a default call forgets the rule's state (it rebuilds for new values)
-        solver.reuse_state.clear()
-        return run(False)
-    state = solver.reuse_state
-    reset = getattr(solver, "reset_pc", None)
-    base = state.get("base")
-    comparable = state.get("tol") == tol   # iteration counts at other tolerances say nothing
-    built, cap = False, None
-    if forward and mode in REUSE_MODES:
-        if base is None or state.get("skip", 0) > 0:
-            state["skip"] = max(state.get("skip", 0) - 1, 0)
-            if mode == "interpolation" and state.get("used") and reset is not None:
-                reset()  # prolongators from scratch for these values
-            built = True
-        elif comparable:
-            cap = min(limit, math.ceil(LAG_CAP * max(base, 1)))
-    x, info = run(mode is True or (mode == "lagged" and not built), None, cap)
-    state["used"] = True
-    retried, discarded = False, 0
-    if not info.converged:
-        if reset is not None:
-            reset()
-        x2, info2 = run(False)
-        if not info2.converged and fallback is not None:
-            x2, info2 = run(False, fallback())
-        x, info, built, retried, discarded = x2, info2, True, True, info.iterations
-    if cap is not None:  # back off after a kept preconditioner failed: the next 1, 3, 7, ... build
-        state["fails"] = state.get("fails", 0) + 1 if retried else 0
-        state["skip"] = min(2 ** state["fails"] - 1, LAG_BACKOFF_MAX)
-    if built and forward and mode in REUSE_MODES:
-        state["base"], state["tol"] = info.iterations, tol
-    elif forward and mode in REUSE_MODES and base is not None and comparable and \
-            info.iterations > LAG_GROWTH * max(base, 1):
-        state.pop("base", None)  # slower than LAG_GROWTH x base: the next forward builds afresh
-    elif built:
-        state.pop("base", None)  # built in the backward (or under True): the next forward starts over
-    info.pc_reuse = {"mode": mode, "rebuilt": built, "retried": retried, "discarded_iterations": discarded}
-    return x, info
-
-
-# solve options that are not keyword arguments of the backends' solve methods
-_NOT_SOLVER_KW = ("raise_on_fail", "pc_fn", "reuse_pc", "warm", "fallback", "limit", "transpose_solver")
-
-
-class _AdjointSolve(AdjointFunction):
-    @staticmethod
-    def forward(ctx, values, b, dA, solver, opts, x0, out):
-        kw = {k: v for k, v in opts.items() if k not in _NOT_SOLVER_KW}
-        if opts["warm"]:
-            x0 = _previous(solver, "x", b)
-
-        def run(reuse, s=None, maxiter=None):
-            s = solver if s is None else s
-            k = kw if maxiter is None else dict(kw, maxiter=maxiter)
-            many = getattr(s, "solve_many", None)
-            return _columns(lambda bj, x0j: s.solve(dA, bj, x0j, reuse_pc=reuse, **k), b, x0,
-                            None if many is None else lambda B, X0: many(dA, B, X0, reuse_pc=reuse, **k))
-        x, info = _with_reuse(solver, run, opts["reuse_pc"], True, opts["limit"], opts.get("fallback"),
-                              (opts["rtol"], opts["atol"]))
-        if opts["warm"]:
-            _remember(solver, "x", x)
-        out["info"] = info
-        _raise_if_failed(info, opts["raise_on_fail"])
-        ctx.dA, ctx.solver, ctx.opts, ctx.info = dA, solver, opts, info
-        # the system the backward may find it is asked to solve again (decided alike on every rank)
-        ctx.forward_system = None
-        if any(ctx.needs_input_grad[:2]) and getattr(solver, "transpose_is_forward", False) and info.converged \
-                and opts.get("pc_fn") is None and not (info.pc_reuse or {}).get("retried"):
-            ctx.forward_system = (b.detach().clone(), None if x0 is None else x0.detach().clone())
-        # values saved too: changed in place before the backward they raise (on every rank)
-        ctx.save_for_backward(x, values)
-        return x
-
-    name = "slasolve.solve"
-
-    @staticmethod
-    def comm(ctx):
-        return ctx.dA.comm
-
-    @staticmethod
-    def adjoint(ctx, saved, g):
-        x, _ = saved
-        if ctx.opts.get("pc_fn") is not None:  # the cached solver may have another callable now
-            ctx.solver.set_callable(ctx.opts["pc_fn"])
-        kw = {k: v for k, v in ctx.opts.items() if k not in _NOT_SOLVER_KW}
-        kw.update(callback=None, record_history=False)
-        with _log.stage("slaAdjoint"), _log.event("slaAdjoint"), _log.collect() as times:
-            solver, warm = ctx.solver, ctx.opts["warm"]
-            g = g.contiguous()
-            l0 = _previous(solver, "lam", g) if warm else None
-            transposed = "transpose_solver" in ctx.opts and not looks_symmetric(ctx.dA)
-            if transposed:
-                # CG/MINRES converged on a matrix that is not symmetric (e.g. Dirichlet rows
-                # eliminated on one side only): A^{-1} g would be the wrong adjoint. Solve
-                # A^T lam = g with GMRES and the same preconditioner instead.
-                solver, warm, l0 = ctx.opts["transpose_solver"](), False, None
-            if not transposed and _repeats_forward(ctx, g, l0):  # the forward's solve of this system, from this start
-                lam = x.detach().clone()
-                info = dataclasses.replace(ctx.info, iterations=0, residual_history=None, setup_time=0.0,
-                                           solve_time=0.0, times={}, adjoint=None, per_rhs=None,
-                                           same_as_forward=True)
-            else:
-                def run(reuse, s=None, maxiter=None):
-                    s = solver if s is None else s
-                    k = kw if maxiter is None else dict(kw, maxiter=maxiter)
-                    many = getattr(s, "solve_transpose_many", None)
-                    return _columns(lambda gj, l0j: s.solve_transpose(ctx.dA, gj.contiguous(), x0=l0j,
-                                                                      reuse_pc=reuse, **k), g, l0,
-                                    None if many is None else lambda G, L0: many(ctx.dA, G, x0=L0,
-                                                                                  reuse_pc=reuse, **k))
-                lam, info = _with_reuse(solver, run, ctx.opts["reuse_pc"] if not transposed else False, False,
-                                        ctx.opts["limit"], None if transposed else ctx.opts.get("fallback"))
-            if warm:
-                _remember(solver, "lam", lam)
-        info.times = times
-        ctx.info.adjoint = info    # reachable from the forward's SolveInfo
-        ctx.info.times["adjoint"] = ctx.info.times.get("adjoint", 0.0) + times["total"]
-        _raise_if_failed(info, True, "adjoint solve in backward")
-        gb = lam if ctx.needs_input_grad[1] else None
-        gv = matvec_value_grad(ctx.dA, -lam, x) if ctx.needs_input_grad[0] else None
-        return gv, gb, None, None, None, None, None
-
-
-def _repeats_forward(ctx, g, l0) -> bool:
-    """Collective. True on every rank when the adjoint solve ``A^T lam = g`` would repeat the
-    forward solve exactly: the backend solves it with the forward's KSP on ``A`` itself
-    (CG, MINRES: ``A`` is symmetric, ``transpose_is_forward``), the forward converged
-    without a retry, and on every rank ``g`` equals the forward's ``b`` and the adjoint's
-    initial guess the forward's (both zero, or equal ``x0="previous"`` iterates). The
-    compliance ``f . u`` of topology optimisation is such a case. One Allreduce."""
-    fwd = getattr(ctx, "forward_system", None)
-    if fwd is None:  # decided in the forward from global facts: the same on every rank
-        return False
-    b, x0 = fwd
-    same = g.shape == b.shape and g.dtype == b.dtype and torch.equal(g, b) and \
-        ((x0 is None and l0 is None) or (x0 is not None and l0 is not None and x0.shape == l0.shape
-                                         and torch.equal(x0, l0)))
-    return bool(allreduce_int(ctx.dA.comm, int(same), MPI.MIN))
-
-
-def _previous(solver, what, b):
-    """Local. The last solution ``what`` (``"x"``, adjoint ``"lam"``) this solver gave for a
-    right-hand side shaped like ``b`` under ``x0="previous"``, or None. Every rank finds
-    one or none alike: the cache and the call sequence are the same on every rank."""
-    prev = solver.previous.get(what)
-    if prev is None or prev.shape != b.shape or prev.dtype != b.dtype or prev.device != b.device:
-        return None
-    return prev
-
-
-def _remember(solver, what, x) -> None:
-    solver.previous[what] = x.detach().clone()
 
 
 def _is_int(v) -> bool:
@@ -366,24 +130,6 @@ def _check_near_nullspace(dA, Z):
     return None
 
 
-def _check_reuse(reuse_pc):
-    """Local. The problem with ``reuse_pc``, or None."""
-    if isinstance(reuse_pc, bool) or (isinstance(reuse_pc, str) and reuse_pc in REUSE_MODES + ("auto",)):
-        return None
-    return ValueError(f"reuse_pc must be 'auto', False, True, 'lagged' or 'interpolation', got {reuse_pc!r}")
-
-
-def _resolve_reuse(reuse_pc, backend: str, pc):
-    """Local. The mode ``reuse_pc="auto"`` stands for: ``"interpolation"`` for GAMG on the
-    petsc backend (the prolongators kept across value changes, checked and rebuilt by
-    :func:`_with_reuse`'s rules), else ``False``; any other value as given."""
-    if reuse_pc == "auto":
-        return "interpolation" if backend == "petsc" and pc == "gamg" else False
-    if reuse_pc == "interpolation" and backend != "petsc":
-        return False  # no prolongators to keep
-    return reuse_pc
-
-
 def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options,
               options_prefix, return_info, raise_on_fail, reuse_pc, near_nullspace=None):
     """Collective. Normalise ``A`` and check every argument with ONE check_collective,
@@ -397,7 +143,7 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
         err = e
     comm = A.comm if isinstance(A, DSparseTensor) else (dA.comm if dA is not None else MPI.COMM_SELF)
     err = err or _check_settings(method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options,
-                                 options_prefix) or _check_reuse(reuse_pc)
+                                 options_prefix) or check_reuse(reuse_pc)
     if err is None:
         err = operator_error(dA) or rhs_error(dA, b, x0) or _check_near_nullspace(dA, near_nullspace)
     p = M if M is not None else pc
@@ -604,7 +350,7 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
             pc = user_code(dA.comm, pc, "preconditioner")
         if progress:
             callback = _progress_callback(dA.comm, 10 if progress is True else int(progress), callback)
-        reuse_pc = _resolve_reuse(reuse_pc, backend, pc)
+        reuse_pc = resolve_reuse(reuse_pc, backend, pc)
         solver = _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reuse_pc)
         opts = dict(rtol=float(rtol), atol=float(atol), maxiter=None if maxiter is None else int(maxiter),
                     callback=callback, record_history=record_history, raise_on_fail=raise_on_fail,
@@ -615,7 +361,7 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
             if maxiter is None else int(maxiter)
         opts["maxiter"] = opts["limit"]
         if isinstance(x0, str):
-            x0 = None  # the previous solution, looked up in _AdjointSolve
+            x0 = None  # the previous solution, looked up in AdjointSolve
         if reuse_pc == "interpolation" and backend == "petsc":  # last resort: the default-mode KSP
             opts["fallback"] = lambda: _solver(dA, method, backend, pc, restart, options_prefix, petsc_options)
         if KRYLOV_METHODS[method].symmetric:  # the adjoint of a matrix that turns out nonsymmetric
@@ -625,7 +371,7 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
             opts["near_nullspace"] = near_nullspace
         out: dict = {}
         try:
-            x = _AdjointSolve.apply(dA.values, b, dA, solver, opts, x0, out)
+            x = AdjointSolve.apply(dA.values, b, dA, solver, opts, x0, out)
         finally:
             if "info" in out:
                 out["info"].times = times    # "total" is added when the block ends
@@ -652,7 +398,7 @@ def _solve_batched(A, b, method, *, x0, return_info, **kw):
         xs.append(x)
         infos.append(info)
     x = torch.stack(xs, 0).reshape(b.shape)
-    return (x, _merge(infos)) if return_info else x
+    return (x, merge_infos(infos)) if return_info else x
 
 
 def _method(name: str):
