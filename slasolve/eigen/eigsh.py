@@ -19,6 +19,7 @@ from ..dsparse import DSparseTensor
 from .autograd import DEGENERATE_RTOL, EigshFunction, _State
 from .info import EigenConvergenceError, EigenInfo
 from .torch_methods import fix_signs, lanczos, lobpcg, start_vectors
+from ..dtensor import dtensor_entry
 
 try:  # at import (collective, with slasolve's PETSc start-up), never lazily inside eigsh
     from . import slepc_backend
@@ -56,6 +57,7 @@ def _row_ids(dA):
     return perm[a:b]
 
 
+@dtensor_entry("eigsh")
 def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = None,
           v0: Optional[torch.Tensor] = None, tol: float = 1e-8, maxiter: Optional[int] = None, *,
           backend: Optional[str] = None, method: Optional[str] = None, ncv: Optional[int] = None,
