@@ -495,7 +495,7 @@ def from_torch_placement(placement, nbatch: int = 0):
         raise ValueError(f"{placement} shards a dimension after the rows (columns of a block); slasolve shards "
                          f"rows: redistribute to Shard({nbatch}) first")
     if isinstance(placement, dtm.Partial):
-        raise ValueError(f"{placement} (per-rank partial sums) has no slasolve placement: reduce it first "
+        raise ValueError(f"Partial placement {placement} (per-rank partial sums) has no slasolve placement: reduce it first "
                          f"(x.redistribute(mesh, [Shard({nbatch})]))")
     raise ValueError(f"{placement!r} has no slasolve placement")
 
@@ -574,8 +574,11 @@ def _nonlinear_like(fn, args, kwargs, force):
     specs = [(p.device_mesh, tuple(p.placements), p.shape, p.stride()) if is_dtensor(p) else None for p in params]
     locals_ = [p.to_local() if is_dtensor(p) else p for p in params]
 
+    shape, stride = u0.shape, u0.stride()
+
     def wrap_args(u, ps):
-        ud = to_dtensor(u, mesh=mesh)
+        # u is in DTensor's own split (it came from u0's local rows): no move, no check
+        ud = dtm.DTensor.from_local(u, mesh, [dtm.Shard(0)], shape=shape, stride=stride)
         pd = [dtm.DTensor.from_local(p, s[0], s[1], shape=s[2], stride=s[3]) if s is not None else p
               for p, s in zip(ps, specs)]
         return ud, pd
@@ -583,6 +586,9 @@ def _nonlinear_like(fn, args, kwargs, force):
     def res(u, *ps):
         ud, pd = wrap_args(u, ps)
         r = residual(ud, *pd)
+        if is_dtensor(r) and type(r.placements[0]) is dtm.Shard and r.placements[0].dim == 0 \
+                and r.shape == shape:
+            return r.to_local()
         return from_dtensor(r) if is_dtensor(r) else r
 
     jac = kwargs.get("jacobian")
