@@ -206,6 +206,10 @@ class _Layout:
         return int(self.offsets[-1])
 
     @property
+    def size(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    @property
     def n_local(self) -> int:
         r = self.comm.Get_rank()
         return int(self.offsets[r + 1] - self.offsets[r])
@@ -215,6 +219,8 @@ def _layout_of(like, axis: str = "rows") -> _Layout:
     """Local. The :class:`_Layout` of ``like``'s rows or columns: a row-shard ``DSparseTensor``,
     a column-shard one (``axis="cols"``), or a local operator (one rank)."""
     from .dsparse import DSparseTensor
+    if isinstance(like, (np.ndarray, list, tuple)):  # ownership offsets over the DTensor's processes
+        return _Layout(None, np.asarray(like, dtype=np.int64))
     if isinstance(like, DSparseTensor):
         L = like._layout
         if L is not None:
@@ -325,8 +331,7 @@ class _Move(torch.autograd.Function):
 
 def _plan(layout: _Layout, size: int) -> _RowPlan:
     """Collective (first call per layout). The cached :class:`_RowPlan` of ``layout``."""
-    key = ("plan", layout.comm.py2f(), tuple(layout.offsets.tolist()) if layout.comm.Get_size() <= 64
-           else hash(layout.offsets.tobytes()), layout.perm is not None)
+    key = ("plan", layout.comm.py2f(), size, layout.offsets.tobytes(), layout.perm is not None)
     plan = layout.cache.get(key)
     if plan is None:
         plan = _RowPlan(layout, shard_offsets(layout.n, size))
@@ -350,9 +355,10 @@ def to_dtensor(x: torch.Tensor, like=None, *, mesh=None, placement=None, axis: s
     ----------
     x : torch.Tensor
         This rank's rows.
-    like : DSparseTensor or local operator, optional
+    like : DSparseTensor, local operator or sequence of int, optional
         The operator whose rows (``axis="rows"``) or columns (``axis="cols"``) ``x`` is laid out
-        as; rows renumbered by its partitioner go back to the user's numbering. ``None``: ``x``'s
+        as; rows renumbered by its partitioner go back to the user's numbering. Or the
+        ``(size+1,)`` ownership offsets of ``x``'s rows (e.g. a mesh's cells). ``None``: ``x``'s
         rows follow each other in rank order (one Allgather of the row counts).
     mesh : DeviceMesh, optional
         Default ``device_mesh(comm)`` of ``like``'s (or ``COMM_WORLD``'s) processes.
@@ -377,9 +383,10 @@ def to_dtensor(x: torch.Tensor, like=None, *, mesh=None, placement=None, axis: s
     else:
         try:
             layout = _layout_of(like, axis)
-            if layout.comm.Get_size() != mcomm.Get_size():
-                raise ValueError(f"the mesh has {mcomm.Get_size()} processes but the operator's communicator "
-                                 f"{layout.comm.Get_size()}")
+            if layout.size != mcomm.Get_size():
+                raise ValueError(f"the mesh has {mcomm.Get_size()} processes but the layout of like "
+                                 f"{layout.size}")
+            layout = _Layout(mcomm, layout.offsets, layout.perm, layout.cache)
             if err is None and x.shape[0] != layout.n_local:
                 raise ValueError(f"x has {x.shape[0]} rows, but this rank owns {layout.n_local} {axis} of like")
         except (TypeError, ValueError) as e:
@@ -388,8 +395,6 @@ def to_dtensor(x: torch.Tensor, like=None, *, mesh=None, placement=None, axis: s
                                         "dtype": str(x.dtype) if err is None else None, "placement": repr(placement)})
     if layout is None:
         layout = _vector_layout(x, mcomm)
-    elif layout.comm is not mcomm:
-        layout = _Layout(mcomm, layout.offsets, layout.perm, layout.cache)
     size = mcomm.Get_size()
     local = _Move.apply(x, _plan(layout, size), mcomm, False)
     n = layout.n
@@ -406,7 +411,8 @@ def from_dtensor(x, like=None, *, axis: str = "rows") -> torch.Tensor:
     differentiable (gradients flow back to ``x`` with its placement).
 
     ``like``: the operator whose rows (``axis="rows"``) or columns (``axis="cols"``) the result
-    is laid out as (in its partitioner's numbering when it has one); ``None``: ``DTensor``'s own
+    is laid out as (in its partitioner's numbering when it has one), or ``(size+1,)`` ownership
+    offsets; ``None``: ``DTensor``'s own
     ``Shard(0)`` split (:func:`shard_offsets`). ``x`` must live on a 1-D mesh of the operator's
     processes with placement ``Shard(0)``, ``Replicate()`` or ``Partial()`` (reduced to
     ``Shard(0)`` first); anything else raises ValueError.
@@ -429,9 +435,10 @@ def from_dtensor(x, like=None, *, axis: str = "rows") -> torch.Tensor:
     if err is None and like is not None:
         try:
             layout = _layout_of(like, axis)
-            if layout.comm.Get_size() != mcomm.Get_size():
-                raise ValueError(f"the DTensor's mesh has {mcomm.Get_size()} processes, the operator's "
-                                 f"communicator {layout.comm.Get_size()}")
+            if layout.size != mcomm.Get_size():
+                raise ValueError(f"the DTensor's mesh has {mcomm.Get_size()} processes, the layout of like "
+                                 f"{layout.size}")
+            layout = _Layout(mcomm, layout.offsets, layout.perm, layout.cache)
             if layout.n != x.shape[0]:
                 raise ValueError(f"the DTensor has {x.shape[0]} rows, the operator's {axis} are {layout.n}")
         except (TypeError, ValueError) as e:
@@ -442,8 +449,6 @@ def from_dtensor(x, like=None, *, axis: str = "rows") -> torch.Tensor:
     size = mcomm.Get_size()
     if layout is None:
         layout = _Layout(mcomm, shard_offsets(x.shape[0], size))
-    elif layout.comm is not mcomm:
-        layout = _Layout(mcomm, layout.offsets, layout.perm, layout.cache)
     if isinstance(x.placements[0], dtm.Replicate):
         # each rank keeps its own rows: the gradient is a partial sum over the ranks
         full = x.to_local(grad_placements=[dtm.Partial()])
