@@ -65,7 +65,6 @@ def main() -> None:
     torch.set_num_threads(1)
     n = nx * nx
     mesh = sd.device_mesh(COMM)
-    from torch.distributed.tensor import distribute_tensor, Shard  # noqa: F401
     opts = dict(method="cg", pc=args.pc, rtol=args.rtol)
     rows = {}
     results = {}

@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -396,7 +396,8 @@ def to_dtensor(x: torch.Tensor, like=None, *, mesh=None, placement=None, axis: s
     if layout is None:
         layout = _vector_layout(x, mcomm)
     size = mcomm.Get_size()
-    local = _Move.apply(x, _plan(layout, size), mcomm, False)
+    plan = _plan(layout, size)
+    local = x if plan.identity else _Move.apply(x, plan, mcomm, False)
     n = layout.n
     shape = torch.Size((n,) + tuple(x.shape[1:]))
     stride = (int(np.prod(shape[1:])) if len(shape) > 1 else 1,) + ((1,) if len(shape) > 1 else ())
@@ -457,7 +458,8 @@ def from_dtensor(x, like=None, *, axis: str = "rows") -> torch.Tensor:
         if layout.perm is None:
             return full[rows]
         return full[torch.from_numpy(np.ascontiguousarray(layout.perm[rows]))]
-    return _Move.apply(x.to_local(), _plan(layout, size), mcomm, True)
+    plan = _plan(layout, size)
+    return x.to_local() if plan.identity else _Move.apply(x.to_local(), plan, mcomm, True)
 
 
 # -- placements ---------------------------------------------------------------------------------
@@ -500,8 +502,8 @@ def from_torch_placement(placement, nbatch: int = 0):
         raise ValueError(f"{placement} shards a dimension after the rows (columns of a block); slasolve shards "
                          f"rows: redistribute to Shard({nbatch}) first")
     if isinstance(placement, dtm.Partial):
-        raise ValueError(f"Partial placement {placement} (per-rank partial sums) has no slasolve placement: reduce it first "
-                         f"(x.redistribute(mesh, [Shard({nbatch})]))")
+        raise ValueError(f"Partial placement {placement} (per-rank partial sums) has no slasolve placement: "
+                         f"reduce it first (x.redistribute(mesh, [Shard({nbatch})]))")
     raise ValueError(f"{placement!r} has no slasolve placement")
 
 

@@ -324,9 +324,21 @@ def test_nonlinear_solve_dtensor(mesh, jacobian):
     bd = distribute_tensor(bg, mesh, [Shard(0)]).requires_grad_(True)
     ud = slasolve.nonlinear_solve(F, distribute_tensor(torch.zeros(n), mesh, [Shard(0)]), bd, **kw)
     assert isinstance(ud, DTensor) and ud.placements == (Shard(0),)
-    assert_close(sd.from_dtensor(ud, dA), u.detach(), rtol=1e-11, what="u")
+    tol = 1e-12 if jacobian else 1e-10   # JFNK: finite-difference products, step ~ sqrt(eps)
+    assert_close(sd.from_dtensor(ud, dA), u.detach(), rtol=tol, what="u")
     (ud ** 2).sum().full_tensor().backward()
-    assert_close(sd.from_dtensor(bd.grad, dA), b.grad, rtol=1e-10, what="b grad")
+    assert_close(sd.from_dtensor(bd.grad, dA), b.grad, rtol=tol, what="b grad")
+    if jacobian:  # central differences along a global direction: O(h^2) truncation, eps / h rounding
+        dirg = global_field(n, seed=9)
+
+        def loss(bb):
+            with torch.no_grad():
+                uu = slasolve.nonlinear_solve(F, distribute_tensor(torch.zeros(n), mesh, [Shard(0)]),
+                                              distribute_tensor(bb, mesh, [Shard(0)]), **kw)
+                return float((uu ** 2).sum().full_tensor())
+        fd = directional_fd(loss, bg, dirg, h=1e-4)
+        ad = float((bd.grad.full_tensor() * dirg).sum())
+        assert abs(fd - ad) <= 1e-6 * max(abs(ad), 1.0), (fd, ad)
 
 
 # -- a distributed model ----------------------------------------------------------------------------
