@@ -612,9 +612,10 @@ def _nonlinear_like(fn, args, kwargs, force):
 
 
 def _product_like(fn, args, kwargs, force):
-    """``dA.matvec(x)`` / ``dA.rmatvec(y)`` (bound methods): row shard ``Shard(0)`` in and out;
-    column shard ``Shard(0)`` (columns) in, ``Replicate()`` out; replicated operator
-    ``Replicate()`` in and out."""
+    """``dA.matvec(x)`` / ``dA.rmatvec(y)`` (bound methods): row shard, ``Shard(0)`` (or
+    ``Replicate()``) in and out; replicated operator: any placement in, ``Replicate()`` out;
+    column and batch shards raise ValueError."""
+    from .placement import Replicated
     dtm = _dtensor_api()
     dA = fn.__self__
     transposed = fn.__name__ == "rmatvec"
@@ -625,11 +626,9 @@ def _product_like(fn, args, kwargs, force):
         inp, outp = ("rows", "cols") if transposed else ("cols", "rows")
         y = fn(_local(x, dA, inp) if is_dtensor(x) else x)
         return to_dtensor(y, dA, mesh=mesh, placement=placement, axis=outp)
-    from .placement import SparseShard
-    if isinstance(dA.placement, SparseShard) and not transposed:
-        raise ValueError("DTensor products with a column-shard DSparseTensor are not supported: use a row shard")
-    if isinstance(dA.placement, SparseShard) or dA.global_shape[:-2] != dA.local.shape[:-2]:
-        raise ValueError(f"DTensor products with a {dA.placement} DSparseTensor are not supported: use a row shard")
+    if not isinstance(dA.placement, Replicated):
+        raise ValueError(f"DTensor products with a {dA.placement} DSparseTensor are not supported: use a row "
+                         f"shard (or a replicated operator)")
     xl = x.redistribute(mesh, [dtm.Replicate()]).to_local() if is_dtensor(x) else x
     y = fn(xl)
     return dtm.DTensor.from_local(y, mesh, [dtm.Replicate()], shape=y.shape, stride=y.stride())

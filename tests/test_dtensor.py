@@ -416,3 +416,10 @@ def test_learned_closure_example():
     spec.loader.exec_module(mod)
     out = mod.main(["--n", "6", "--iters", "4", "--check", "--quiet", "--backend", "torch"])
     assert len(out["history"]) == 5 and out["history"][-1] < out["history"][0]
+
+
+def test_column_shard_product_raises(mesh):
+    A = poisson_matrix(GRID).tocsr()
+    dC = DSparseTensor.from_global(A, COMM, placement=slasolve.col_shard())
+    with pytest.raises(ValueError, match="not supported"):
+        dC @ distribute_tensor(global_field(A.shape[0]), mesh, [Shard(0)])
