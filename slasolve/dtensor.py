@@ -8,8 +8,8 @@
 * The public solvers and products (``DSparseTensor`` ``@`` / ``matvec`` / ``rmatvec``,
   :func:`slasolve.solve`, :func:`slasolve.spsolve`, :func:`slasolve.eigsh`,
   :func:`slasolve.nonlinear_solve`) accept ``DTensor`` vectors and then return
-  ``DTensor`` results (:func:`dtensor_entry`); :func:`solve`, :func:`spsolve`,
-  :func:`eigsh` and :func:`nonlinear_solve` here always return ``DTensor`` results.
+  ``DTensor`` results (:func:`dtensor_entry`); ``solve``, ``spsolve``, ``eigsh`` and
+  ``nonlinear_solve`` of this module always return ``DTensor`` results.
 
 Layouts. slasolve's row shards are contiguous ranges of unequal length (PETSc's split, a
 mesh partition). ``DTensor``'s ``Shard(0)`` is ``torch.chunk``'s split: every rank
