@@ -328,7 +328,8 @@ def test_nonlinear_solve_dtensor(mesh, jacobian):
     assert_close(sd.from_dtensor(ud, dA), u.detach(), rtol=tol, what="u")
     (ud ** 2).sum().full_tensor().backward()
     assert_close(sd.from_dtensor(bd.grad, dA), b.grad, rtol=tol, what="b grad")
-    if jacobian:  # central differences along a global direction: O(h^2) truncation, eps / h rounding
+    if jacobian and COMM.size <= 2:  # central differences along a global direction (1-2 ranks: time budget):
+        # O(h^2) truncation, eps / h rounding
         dirg = global_field(n, seed=9)
 
         def loss(bb):
