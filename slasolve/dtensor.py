@@ -50,7 +50,8 @@ from ._comm import check_collective, get_comm
 __all__ = ["device_mesh", "to_dtensor", "from_dtensor", "is_dtensor", "shard_offsets", "to_torch_placement",
            "from_torch_placement", "dtensor_entry", "solve", "spsolve", "eigsh", "nonlinear_solve"]
 
-#: seconds the ranks wait for each other while ``torch.distributed`` starts
+#: seconds the ranks wait for each other at the rendezvous of ``torch.distributed`` (the process
+#: group's collectives keep torch's own timeout)
 RENDEZVOUS_TIMEOUT = 120.0
 
 _MESHES: dict = {}       # (comm handle, device type) -> DeviceMesh
@@ -135,7 +136,7 @@ def _init_process_group(comm: MPI.Comm, backend: str) -> None:
     rank, size = comm.Get_rank(), comm.Get_size()
     timeout = datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT)
     if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size, timeout=timeout)
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size)
         return
     hosts = comm.allgather(MPI.Get_processor_name())
     err = None
@@ -154,8 +155,13 @@ def _init_process_group(comm: MPI.Comm, backend: str) -> None:
     check_collective(comm, err)
     port = comm.bcast(port, root=0)
     if rank != 0:
-        store = dist.TCPStore("127.0.0.1", port, size, False, timeout=timeout)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout)
+        try:
+            store = dist.TCPStore("127.0.0.1", port, size, False, timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - re-raised on every rank
+            err = RuntimeError(f"torch.distributed rendezvous: cannot reach rank 0's TCPStore on 127.0.0.1:{port}: "
+                               f"{e}")
+    check_collective(comm, err)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size)
 
 
 def _mesh_comm(mesh) -> MPI.Comm:
