@@ -424,3 +424,30 @@ def test_column_shard_product_raises(mesh):
     dC = DSparseTensor.from_global(A, COMM, placement=slasolve.col_shard())
     with pytest.raises(ValueError, match="not supported"):
         dC @ distribute_tensor(global_field(A.shape[0]), mesh, [Shard(0)])
+
+
+def test_replicated_rhs_gradient(mesh):
+    """A replicated DTensor b: x replicated, and b's gradient (each rank's own rows, summed
+    over the ranks) equals the plain path's global gradient."""
+    A, dA = operator("rcb")
+    n = A.shape[0]
+    bg = global_field(n, seed=10)
+    b = dA.scatter(bg, root=None).requires_grad_(True)
+    x = slasolve.solve(dA, b, backend="torch", rtol=1e-13)
+    global_sum((x ** 3).sum()).backward()
+    ref = dA.gather(b.grad, root=None)
+    bd = distribute_tensor(bg, mesh, [Replicate()]).requires_grad_(True)
+    xd = slasolve.solve(dA, bd, backend="torch", rtol=1e-13)
+    assert xd.placements == (Replicate(),)
+    (xd ** 3).sum().full_tensor().backward()
+    assert_close(bd.grad.full_tensor(), ref, rtol=1e-12, what="replicated b grad")
+
+
+def test_foreign_mesh(mesh):
+    """A 1-D mesh made by torch's init_device_mesh over every rank (MPI rank order) works too."""
+    from torch.distributed.device_mesh import init_device_mesh
+    other = init_device_mesh("cpu", (COMM.size,))
+    A, dA = operator()
+    xg = global_field(A.shape[0], seed=12)
+    d = sd.to_dtensor(dA.scatter(xg, root=None), dA, mesh=other)
+    assert d.device_mesh is other and torch.equal(d.full_tensor(), xg)
