@@ -200,6 +200,8 @@ SOLVERS = [
     pytest.param(dict(method="cg", backend="petsc", pc="gamg", rtol=1e-13), id="cg-gamg",
                  marks=pytest.mark.petsc),
     pytest.param("spsolve", id="spsolve-mumps", marks=pytest.mark.petsc),
+    pytest.param("spsolve-scipy", id="spsolve-scipy",
+                 marks=pytest.mark.skipif(COMM.size > 1, reason="SciPy's SuperLU runs on one rank")),
 ]
 
 
@@ -212,7 +214,9 @@ def test_solve_dtensor(mesh, how):
     bg, cg_ = global_field(n, seed=3), global_field(n, seed=4)
 
     def run(dAv, b):
-        return slasolve.spsolve(dAv, b) if how == "spsolve" else slasolve.solve(dAv, b, **how)
+        if isinstance(how, str):
+            return slasolve.spsolve(dAv, b, backend="scipy" if how == "spsolve-scipy" else None)
+        return slasolve.solve(dAv, b, **how)
 
     v, dAv = with_leaf_values(dA)
     b = dA.scatter(bg, root=None).requires_grad_(True)
