@@ -39,13 +39,20 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
 from ._comm import check_collective, get_comm
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Placement as TorchPlacement
+
+    from .placement import Placement
 
 __all__ = ["device_mesh", "to_dtensor", "from_dtensor", "is_dtensor", "shard_offsets", "to_torch_placement",
            "from_torch_placement", "dtensor_entry", "solve", "spsolve", "eigsh", "nonlinear_solve"]
@@ -70,7 +77,7 @@ def _dtensor_api():
 
 
 def device_mesh(comm: Optional[MPI.Comm] = None, *, device_type: Optional[str] = None,
-                backend: Optional[str] = None):
+                backend: Optional[str] = None) -> "DeviceMesh":
     """Collective. A 1-D ``DeviceMesh`` over the processes of ``comm`` (mesh coordinate =
     MPI rank), made once per communicator and device type and then cached.
 
@@ -114,11 +121,11 @@ def device_mesh(comm: Optional[MPI.Comm] = None, *, device_type: Optional[str] =
                          f"communicator's processes (use a communicator of the same processes, or initialise "
                          f"torch.distributed with world_size={comm.Get_size()})")
     check_collective(comm, err, agree={"device_type": device_type, "backend": backend})
-    if device_type == "cuda":
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        torch.cuda.set_device(local.Get_rank() % torch.cuda.device_count())
-        local.Free()
     if not dist.is_initialized():
+        if device_type == "cuda":  # (an existing group keeps the device its owner chose)
+            local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+            torch.cuda.set_device(local.Get_rank() % torch.cuda.device_count())
+            local.Free()
         _init_process_group(comm, backend or ("cpu:gloo,cuda:nccl" if device_type == "cuda" else "gloo"))
     from torch.distributed.device_mesh import DeviceMesh
     torch_ranks = comm.allgather(dist.get_rank())
@@ -353,7 +360,8 @@ def _vector_layout(x: torch.Tensor, comm: MPI.Comm) -> _Layout:
 
 # -- conversions --------------------------------------------------------------------------------
 
-def to_dtensor(x: torch.Tensor, like=None, *, mesh=None, placement=None, axis: str = "rows"):
+def to_dtensor(x: torch.Tensor, like: Any = None, *, mesh: Optional["DeviceMesh"] = None,
+               placement: Optional["TorchPlacement"] = None, axis: str = "rows") -> "DTensor":
     """Collective. A ``DTensor`` of the distributed vector ``(n_local,)`` or block ``(n_local, k)``
     whose owned rows this rank holds in ``x``; differentiable (gradients flow back to ``x``).
 
@@ -413,7 +421,7 @@ def to_dtensor(x: torch.Tensor, like=None, *, mesh=None, placement=None, axis: s
     return out
 
 
-def from_dtensor(x, like=None, *, axis: str = "rows") -> torch.Tensor:
+def from_dtensor(x: "DTensor", like: Any = None, *, axis: str = "rows") -> torch.Tensor:
     """Collective. This rank's owned rows of the ``DTensor`` ``x`` (a vector or ``(n, k)`` block);
     differentiable (gradients flow back to ``x`` with its placement).
 
@@ -470,7 +478,7 @@ def from_dtensor(x, like=None, *, axis: str = "rows") -> torch.Tensor:
 
 # -- placements ---------------------------------------------------------------------------------
 
-def to_torch_placement(placement, nbatch: int = 0):
+def to_torch_placement(placement: "Placement", nbatch: int = 0) -> "TorchPlacement":
     """Local. The ``torch.distributed.tensor`` placement of a dense ``(*batch, n)`` vector that
     goes with a slasolve placement of a ``(*batch, M, N)`` operator with ``nbatch`` batch dims:
     row shard -> ``Shard(nbatch)``, ``Replicated()`` -> ``Replicate()``, batch ``Shard(d)`` ->
@@ -491,7 +499,7 @@ def to_torch_placement(placement, nbatch: int = 0):
     raise TypeError(f"not a slasolve placement: {placement!r}")
 
 
-def from_torch_placement(placement, nbatch: int = 0):
+def from_torch_placement(placement: "TorchPlacement", nbatch: int = 0) -> "Placement":
     """Local. The slasolve placement of a ``(*batch, M, N)`` operator (``nbatch`` batch dims) that
     goes with a dense ``(*batch, n)`` ``DTensor`` placement: ``Shard(nbatch)`` -> row shard,
     ``Shard(d < nbatch)`` -> batch ``Shard(d)``, ``Replicate()`` -> ``Replicated()``. ``Partial``
@@ -673,27 +681,27 @@ def dtensor_entry(op: str) -> Callable:
 
 # -- DTensor-returning entry points ------------------------------------------------------------
 
-def solve(A, b, *args, **kwargs):
+def solve(A: Any, b: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     """Collective. :func:`slasolve.solve` returning ``x`` as a ``DTensor`` (``Shard(0)``, or
     ``Replicate()`` when ``b`` is a replicated ``DTensor``); ``b``, ``x0`` may be either kind."""
     from .krylov import solve as _solve
     return _solve.dtensor_call(A, b, *args, **kwargs)
 
 
-def spsolve(A, b, *args, **kwargs):
+def spsolve(A: Any, b: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     """Collective. :func:`slasolve.spsolve` returning ``x`` as a ``DTensor`` (as :func:`solve`)."""
     from .direct import spsolve as _spsolve
     return _spsolve.dtensor_call(A, b, *args, **kwargs)
 
 
-def eigsh(A, *args, **kwargs):
+def eigsh(A: Any, *args: Any, **kwargs: Any) -> tuple:
     """Collective. :func:`slasolve.eigsh` returning the eigenvalues as a ``Replicate()`` and the
     eigenvectors as a ``Shard(0)`` ``DTensor``."""
     from .eigen import eigsh as _eigsh
     return _eigsh.dtensor_call(A, *args, **kwargs)
 
 
-def nonlinear_solve(residual, u0, *params, like=None, **kwargs):
+def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params: Any, like: Any = None, **kwargs: Any) -> Any:
     """Collective. :func:`slasolve.nonlinear_solve` with ``u`` a ``DTensor`` (``Shard(0)``):
     ``residual(u, *params)`` and ``jacobian`` are called with ``u`` (and ``DTensor`` params) as
     ``DTensor`` s and may return a ``DTensor`` residual; the Jacobian's rows must follow
