@@ -57,6 +57,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["device_mesh", "to_dtensor", "from_dtensor", "is_dtensor", "shard_offsets", "to_torch_placement",
            "from_torch_placement", "dtensor_entry", "solve", "spsolve", "eigsh", "nonlinear_solve"]
 
+#: row-move plans kept per operator layout (one per mesh size and rows/columns)
+PLAN_CACHE_SIZE = 4
+
 #: seconds the ranks wait for each other at the rendezvous of ``torch.distributed`` (the process
 #: group's collectives keep torch's own timeout)
 RENDEZVOUS_TIMEOUT = 120.0
@@ -206,13 +209,31 @@ def is_dtensor(x: Any) -> bool:
 
 class _Layout:
     """Local. Where the rows of a slasolve vector live: ``comm``, scalar row offsets (``size+1``)
-    and, when a partitioner renumbered them, ``perm`` (slasolve row -> user row, global)."""
+    and, when a partitioner renumbered them, ``perm`` (slasolve row -> user row, global; made on
+    first use by ``perm_fn``). ``owner``: the operator's row layout, whose cache keeps the plans."""
 
-    def __init__(self, comm: MPI.Comm, offsets, perm: Optional[np.ndarray] = None, cache: Optional[dict] = None):
+    def __init__(self, comm: MPI.Comm, offsets, perm_fn: Optional[Callable[[], np.ndarray]] = None, owner=None):
         self.comm = comm
         self.offsets = np.asarray(offsets, dtype=np.int64)
-        self.perm = perm
-        self.cache = {} if cache is None else cache  # plans, kept with the operator's layout
+        self.perm_fn = perm_fn
+        self.owner = owner
+        self._perm = None
+
+    def on(self, comm: MPI.Comm) -> "_Layout":
+        """Local. The same layout over ``comm`` (the DTensor mesh's processes)."""
+        out = _Layout(comm, self.offsets, self.perm_fn, self.owner)
+        out._perm = self._perm
+        return out
+
+    @property
+    def renumbered(self) -> bool:
+        return self.perm_fn is not None
+
+    @property
+    def perm(self) -> Optional[np.ndarray]:
+        if self._perm is None and self.perm_fn is not None:
+            self._perm = self.perm_fn()
+        return self._perm
 
     @property
     def n(self) -> int:
@@ -227,25 +248,38 @@ class _Layout:
         r = self.comm.Get_rank()
         return int(self.offsets[r + 1] - self.offsets[r])
 
+    def cached(self, key, build: Callable[[], Any]):
+        """Collective when ``build`` is. ``build()``, kept in the operator's layout cache."""
+        if self.owner is None:
+            return build()
+        return self.owner.cached("dtensor_plans", key, build, PLAN_CACHE_SIZE)
+
+
+def _is_dsparse(x) -> bool:
+    """Local. Whether ``x`` is a ``DSparseTensor`` (by its interface: this module is imported by
+    ``slasolve.dsparse``, so it cannot import it)."""
+    return hasattr(x, "spec") and hasattr(x, "placement") and hasattr(x, "is_row_shard")
+
 
 def _layout_of(like, axis: str = "rows") -> _Layout:
     """Local. The :class:`_Layout` of ``like``'s rows or columns: a row-shard ``DSparseTensor``,
-    a column-shard one (``axis="cols"``), or a local operator (one rank)."""
-    from .dsparse import DSparseTensor
+    ownership offsets, or a local operator (one rank)."""
     if isinstance(like, (np.ndarray, list, tuple)):  # ownership offsets over the DTensor's processes
         return _Layout(None, np.asarray(like, dtype=np.int64))
-    if isinstance(like, DSparseTensor):
+    if _is_dsparse(like):
         L = like._layout
         if L is not None:
             offs, b = (L.row_offsets, L.br) if axis == "rows" else (L.col_offsets, L.bc)
-            perm = None
+            perm_fn = None
             if like.spec.partition is not None:
-                perm = like._row_perm().numpy()
-            return _Layout(like.comm, offs * b, perm, L.__dict__.setdefault("dtensor_plans", {}))
+                perm_fn = lambda: L.cached("dtensor_plans", ("perm", axis),  # noqa: E731
+                                           lambda: like._row_perm().numpy(), PLAN_CACHE_SIZE)
+            return _Layout(like.comm, offs * b, perm_fn, L)
         raise ValueError(f"a {like.placement} DSparseTensor has no row layout to map a DTensor onto")
     shape = getattr(like, "shape", None)
     if shape is None or len(shape) < 2:
-        raise TypeError(f"like must be a DSparseTensor or a local sparse operator, got {type(like).__name__}")
+        raise TypeError(f"like must be a DSparseTensor, ownership offsets or a local sparse operator, "
+                        f"got {type(like).__name__}")
     return _Layout(MPI.COMM_SELF, [0, int(shape[0] if axis == "rows" else shape[1])])
 
 
@@ -261,7 +295,7 @@ class _RowPlan:
         self.n_src = int(src[r + 1] - src[r])
         self.n_dst = int(dst[r + 1] - dst[r])
         self.send_order = self.recv_pos = None
-        if layout.perm is None:
+        if not layout.renumbered:
             self.identity = bool(np.array_equal(src, dst))
             lo, hi = src[r], src[r + 1]
             self.send_counts = np.maximum(np.minimum(hi, dst[1:]) - np.maximum(lo, dst[:-1]), 0)
@@ -343,13 +377,10 @@ class _Move(torch.autograd.Function):
 
 
 def _plan(layout: _Layout, size: int) -> _RowPlan:
-    """Collective (first call per layout). The cached :class:`_RowPlan` of ``layout``."""
-    key = ("plan", layout.comm.py2f(), size, layout.offsets.tobytes(), layout.perm is not None)
-    plan = layout.cache.get(key)
-    if plan is None:
-        plan = _RowPlan(layout, shard_offsets(layout.n, size))
-        layout.cache[key] = plan
-    return plan
+    """Collective (first call per layout). The :class:`_RowPlan` of ``layout`` (cached with the
+    operator's layout)."""
+    key = (layout.comm.py2f(), size, layout.offsets.tobytes(), layout.renumbered)
+    return layout.cached(key, lambda: _RowPlan(layout, shard_offsets(layout.n, size)))
 
 
 def _vector_layout(x: torch.Tensor, comm: MPI.Comm) -> _Layout:
@@ -400,7 +431,7 @@ def to_dtensor(x: torch.Tensor, like: Any = None, *, mesh: Optional["DeviceMesh"
             if layout.size != mcomm.Get_size():
                 raise ValueError(f"the mesh has {mcomm.Get_size()} processes but the layout of like "
                                  f"{layout.size}")
-            layout = _Layout(mcomm, layout.offsets, layout.perm, layout.cache)
+            layout = layout.on(mcomm)
             if err is None and x.shape[0] != layout.n_local:
                 raise ValueError(f"x has {x.shape[0]} rows, but this rank owns {layout.n_local} {axis} of like")
         except (TypeError, ValueError) as e:
@@ -453,7 +484,7 @@ def from_dtensor(x: "DTensor", like: Any = None, *, axis: str = "rows") -> torch
             if layout.size != mcomm.Get_size():
                 raise ValueError(f"the DTensor's mesh has {mcomm.Get_size()} processes, the layout of like "
                                  f"{layout.size}")
-            layout = _Layout(mcomm, layout.offsets, layout.perm, layout.cache)
+            layout = layout.on(mcomm)
             if layout.n != x.shape[0]:
                 raise ValueError(f"the DTensor has {x.shape[0]} rows, the operator's {axis} are {layout.n}")
         except (TypeError, ValueError) as e:
@@ -469,7 +500,7 @@ def from_dtensor(x: "DTensor", like: Any = None, *, axis: str = "rows") -> torch
         full = x.to_local(grad_placements=[dtm.Partial()])
         r = mcomm.Get_rank()
         rows = slice(int(layout.offsets[r]), int(layout.offsets[r + 1]))
-        if layout.perm is None:
+        if not layout.renumbered:
             return full[rows]
         return full[torch.from_numpy(np.ascontiguousarray(layout.perm[rows]))]
     plan = _plan(layout, size)
@@ -648,6 +679,8 @@ def _product_like(fn, args, kwargs, force):
     return dtm.DTensor.from_local(y, mesh, [dtm.Replicate()], shape=y.shape, stride=y.stride())
 
 
+_ENTRY_POINTS: dict = {}  # op -> the decorated public function (see dtensor_entry)
+
 _ENTRIES = {"solve": _solve_like, "spsolve": _solve_like, "eigsh": _eigsh_like,
             "nonlinear_solve": _nonlinear_like, "matvec": _product_like}
 
@@ -675,30 +708,37 @@ def dtensor_entry(op: str) -> Callable:
             return fn(*args, **kwargs)
         entry.dtensor_call = lambda *a, **k: adapter(fn.__get__(a[0]) if op == "matvec" else fn,
                                                      a[1:] if op == "matvec" else a, k, True)
+        _ENTRY_POINTS.setdefault(op, entry)
         return entry
     return decorate
 
 
 # -- DTensor-returning entry points ------------------------------------------------------------
 
+def _entry_point(op: str) -> Callable:
+    """Local. The public function decorated with ``dtensor_entry(op)`` (registered on import of its
+    module, which ``import slasolve`` does)."""
+    fn = _ENTRY_POINTS.get(op)
+    if fn is None:
+        raise RuntimeError(f"slasolve.{op} is not loaded: import slasolve first")
+    return fn
+
+
 def solve(A: Any, b: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
     """Collective. :func:`slasolve.solve` returning ``x`` as a ``DTensor`` (``Shard(0)``, or
     ``Replicate()`` when ``b`` is a replicated ``DTensor``); ``b``, ``x0`` may be either kind."""
-    from .krylov import solve as _solve
-    return _solve.dtensor_call(A, b, *args, **kwargs)
+    return _entry_point("solve").dtensor_call(A, b, *args, **kwargs)
 
 
 def spsolve(A: Any, b: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-    """Collective. :func:`slasolve.spsolve` returning ``x`` as a ``DTensor`` (as :func:`solve`)."""
-    from .direct import spsolve as _spsolve
-    return _spsolve.dtensor_call(A, b, *args, **kwargs)
+    """Collective. :func:`slasolve.spsolve` returning ``x`` as a ``DTensor`` (as ``solve`` here)."""
+    return _entry_point("spsolve").dtensor_call(A, b, *args, **kwargs)
 
 
 def eigsh(A: Any, *args: Any, **kwargs: Any) -> tuple:
     """Collective. :func:`slasolve.eigsh` returning the eigenvalues as a ``Replicate()`` and the
     eigenvectors as a ``Shard(0)`` ``DTensor``."""
-    from .eigen import eigsh as _eigsh
-    return _eigsh.dtensor_call(A, *args, **kwargs)
+    return _entry_point("eigsh").dtensor_call(A, *args, **kwargs)
 
 
 def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params: Any, like: Any = None, **kwargs: Any) -> Any:
@@ -707,5 +747,4 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params: Any, like: An
     ``DTensor`` s and may return a ``DTensor`` residual; the Jacobian's rows must follow
     ``DTensor``'s split (:func:`shard_offsets`). A local ``u0`` is laid out as ``like``'s rows
     (or in rank order) first."""
-    from .nonlinear import nonlinear_solve as _ns
-    return _ns.dtensor_call(residual, u0, *params, like=like, **kwargs)
+    return _entry_point("nonlinear_solve").dtensor_call(residual, u0, *params, like=like, **kwargs)
