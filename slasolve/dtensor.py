@@ -440,6 +440,13 @@ def to_dtensor(x: torch.Tensor, like: Any = None, *, mesh: Optional["DeviceMesh"
                                         "dtype": str(x.dtype) if err is None else None, "placement": repr(placement)})
     if layout is None:
         layout = _vector_layout(x, mcomm)
+    return _wrap(x, layout, mesh, mcomm, placement)
+
+
+def _wrap(x: torch.Tensor, layout: _Layout, mesh, mcomm: MPI.Comm, placement) -> "DTensor":
+    """Collective. :func:`to_dtensor` without the checks, for rows whose layout is known (a solver's
+    result): moved to DTensor's split when it differs, wrapped, replicated on request."""
+    dtm = _dtensor_api()
     size = mcomm.Get_size()
     plan = _plan(layout, size)
     local = x if plan.identity else _Move.apply(x, plan, mcomm, False)
@@ -489,7 +496,10 @@ def from_dtensor(x: "DTensor", like: Any = None, *, axis: str = "rows") -> torch
                 raise ValueError(f"the DTensor has {x.shape[0]} rows, the operator's {axis} are {layout.n}")
         except (TypeError, ValueError) as e:
             err = e
-    check_collective(mcomm, err)
+    # x's metadata is the same on every rank (DTensor's contract); the digest of like's layout
+    # catches ranks that pass different operators, before any of them enters the row moves
+    check_collective(mcomm, err, agree={"like": (type(like).__name__, None if layout is None else
+                                                 (layout.n, layout.size, layout.renumbered))})
     if isinstance(pl[0], dtm.Partial):
         x = x.redistribute(mesh, [dtm.Shard(0)])
     size = mcomm.Get_size()
@@ -567,6 +577,17 @@ def _local(v, like, axis="rows"):
     return from_dtensor(v, like, axis=axis) if is_dtensor(v) else v
 
 
+def _result(y: torch.Tensor, like, mesh, placement, axis: str = "rows", checked: bool = False) -> "DTensor":
+    """Collective. A solver's result ``y`` (rows of ``like``) as a DTensor. The inputs' conversion
+    checked ``like`` against the mesh on every rank (one Allreduce), and ``y`` has the layout by
+    construction, so no further check; ``checked`` (no DTensor input: nothing was checked) runs
+    :func:`to_dtensor`'s."""
+    if checked or mesh is None:
+        return to_dtensor(y, like, mesh=mesh, placement=placement, axis=axis)
+    mcomm = _mesh_comm(mesh)
+    return _wrap(y, _layout_of(like, axis).on(mcomm), mesh, mcomm, placement)
+
+
 def _solve_like(fn, args, kwargs, force):
     """``solve`` / ``spsolve``: ``b``, ``x0``, ``near_nullspace`` in, ``x`` out."""
     A = args[0] if args else kwargs["A"]
@@ -584,7 +605,7 @@ def _solve_like(fn, args, kwargs, force):
             kwargs[name] = _local(kwargs[name], A)
     out = fn(*args, **kwargs)
     x, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, None)
-    x = to_dtensor(x, A, mesh=mesh, placement=placement)
+    x = _result(x, A, mesh, placement, checked=force and not any(is_dtensor(v) for v in inputs))
     return (x,) + tuple(rest) if rest is not None else x
 
 
@@ -602,11 +623,12 @@ def _eigsh_like(fn, args, kwargs, force):
         kwargs["v0"] = _local(kwargs["v0"], A)
     out = fn(*args, **kwargs)
     w, V, rest = out[0], out[1], out[2:]
+    checked = mesh is None
     if mesh is None:
-        mesh = device_mesh(A.comm if hasattr(A, "placement") else MPI.COMM_SELF)
+        mesh = device_mesh(A.comm if _is_dsparse(A) else MPI.COMM_SELF)
     # every rank holds the eigenvalues: a replicated DTensor of the local copy (no communication)
     w = dtm.DTensor.from_local(w, mesh, [dtm.Replicate()], shape=w.shape, stride=w.stride())
-    return (w, to_dtensor(V, A, mesh=mesh)) + tuple(rest)
+    return (w, _result(V, A, mesh, dtm.Shard(0), checked=checked)) + tuple(rest)
 
 
 def _nonlinear_like(fn, args, kwargs, force):
@@ -652,7 +674,8 @@ def _nonlinear_like(fn, args, kwargs, force):
     kwargs.setdefault("comm", _mesh_comm(mesh))
     out = fn(res, from_dtensor(u0), *locals_, **kwargs)
     u, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, None)
-    u = to_dtensor(u, mesh=mesh, placement=u0.placements[0])
+    mcomm = _mesh_comm(mesh)   # u has DTensor's split by construction: no move, no check
+    u = _wrap(u, _Layout(mcomm, shard_offsets(shape[0], mcomm.Get_size())), mesh, mcomm, u0.placements[0])
     return (u,) + tuple(rest) if rest is not None else u
 
 
@@ -670,7 +693,7 @@ def _product_like(fn, args, kwargs, force):
         placement, _ = _result_placement([x])
         inp, outp = ("rows", "cols") if transposed else ("cols", "rows")
         y = fn(_local(x, dA, inp) if is_dtensor(x) else x)
-        return to_dtensor(y, dA, mesh=mesh, placement=placement, axis=outp)
+        return _result(y, dA, mesh, placement, axis=outp, checked=not is_dtensor(x))
     if not isinstance(dA.placement, Replicated):
         raise ValueError(f"DTensor products with a {dA.placement} DSparseTensor are not supported: use a row "
                          f"shard (or a replicated operator)")
