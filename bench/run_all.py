@@ -52,6 +52,9 @@ def jobs(quick: bool):
     for n in (1, 2):  # torch backend CG+Jacobi per iteration at 10k unknowns per rank
         J.append((f"torch_overhead_n{n}", "torch_overhead.py", mpirun(n), ["--trials", "3" if quick else "9"],
                   300, False))
+    # DTensor path of solve (issue 23): conversions per call against a 1M-unknown CG+GAMG solve
+    J.append(("dtensor_overhead_n2", "dtensor_overhead.py", mpirun(2), q + ["--trials", "3" if quick else "7"],
+              1500, False))
     for n in (1, 2):  # k right-hand sides in one call vs k calls vs raw KSPMatSolve
         J.append((f"krylov_multirhs_n{n}", "krylov.py", mpirun(n), q + ["--only", "multirhs", "--trials", "3"],
                   900, False))
@@ -477,6 +480,13 @@ def report(R, quick, total_s, made):
         d = get(R, f"torch_overhead_n{n_r}")
         A(target_row(f"CG+Jacobi per iteration torch / PETSc at 10k unknowns per rank, {n_r} rank(s)",
                      d["ratio_per_iteration"] if d else None, 1.5, "le", "bench/torch_overhead.py"))
+    d = get(R, "dtensor_overhead_n2")
+    for lay, r in ((d or {}).get("rows") or {}).items():
+        A(target_row(f"DTensor path of solve: per-call conversions / plain CG+GAMG solve (%), n={d['n']:,}, "
+                     f"{lay} layout ({r['rows_moved_max']:,} rows off DTensor's split), 2 ranks",
+                     100 * r["round_trip_ratio"], 5.0, "le",
+                     f"{r['round_trip'] * 1e3:.1f} ms of {r['plain']:.2f} s; paired dtensor - plain "
+                     f"{100 * r['overhead_ratio']:+.1f}% (load noise); bench/dtensor_overhead.py"))
     for n_r in (1, 2):
         d = get(R, f"optloop_n{n_r}")
         for c in (d or {}).get("cases", []):

@@ -27,6 +27,7 @@ from .collectives import AllreduceSum, ReplicatedInput
 from .halo import HaloPlan
 from .placement import DSparseSpec, Placement, Replicated, Shard, SparseShard, row_shard
 from .sparse import Pattern, SparseTensor, csr_mv, csr_value_grad
+from .dtensor import dtensor_entry
 
 __all__ = ["DSparseTensor", "RowLayout", "forward_product", "split_offsets", "from_petsc"]
 
@@ -980,6 +981,7 @@ class DSparseTensor:
                 halo.finish(halo.start_forward(None, error=e) if forward else halo.start_reverse(None, error=e))
             raise
 
+    @dtensor_entry("matvec")
     def matvec(self, x: torch.Tensor) -> torch.Tensor:
         """Collective. ``dA @ x`` dispatched by placement; differentiable in values and ``x``.
 
@@ -1016,6 +1018,7 @@ class DSparseTensor:
             return AllreduceSum.apply(self._local.matvec(x), self.comm)
         return self._local.matvec(x)
 
+    @dtensor_entry("matvec")
     def rmatvec(self, y: torch.Tensor) -> torch.Tensor:
         """Collective. ``dA.T @ y``; differentiable in values and ``y``.
 

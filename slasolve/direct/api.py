@@ -15,6 +15,7 @@ from ..autograd import AdjointFunction, matvec_value_grad
 from ..registry import default_backend, register_solve_method
 from ..krylov.info import SolveInfo
 from .info import FactorizationError, FactorizationInfo, failed_info
+from ..dtensor import dtensor_entry
 
 __all__ = ["spsolve", "factorized", "Factorization", "solve_direct", "BACKWARD_ERROR_TOL", "DIRECT_CACHE_SIZE"]
 
@@ -194,6 +195,7 @@ class _DirectSolve(AdjointFunction):
 
 
 @_log.logged("slaSolve", "slaDirect")
+@dtensor_entry("spsolve")
 def spsolve(A, b: torch.Tensor, *, backend: Optional[str] = None, factorization: Optional[str] = None,
             return_info: bool = False, petsc_options: Optional[dict] = None
             ) -> Union[torch.Tensor, Tuple[torch.Tensor, FactorizationInfo]]:

@@ -17,6 +17,7 @@ from .. import _log
 from .._comm import allreduce_max, allreduce_sum, check_collective, options_key
 from .autograd import DEGENERATE_RTOL, EigshFunction, _State
 from .info import EigenConvergenceError, EigenInfo
+from ..dtensor import dtensor_entry
 from .solvers import SlepcSolver, TorchSolver
 from .subspace import m_orthonormalize, refine, residuals
 from .torch_methods import fix_signs, start_vectors
@@ -58,6 +59,7 @@ def _row_ids(dA):
     return perm[a:b]
 
 
+@dtensor_entry("eigsh")
 def eigsh(A, k: int = 6, M=None, which: str = "LM", sigma: Optional[float] = None,
           v0: Optional[torch.Tensor] = None, tol: float = 1e-8, maxiter: Optional[int] = None, *,
           backend: Optional[str] = None, method: Optional[str] = None, ncv: Optional[int] = None,

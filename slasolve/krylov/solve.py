@@ -23,6 +23,7 @@ from .runs import merge_infos
 from .torch_methods import default_maxiter
 from ..sparse import SparseTensor
 from .operator import as_row_shard, needs_grad, operator_error, rhs_error
+from ..dtensor import dtensor_entry
 
 __all__ = ["solve", "cg", "gmres", "minres", "bicgstab", "cgs", "tfqmr", "default_backend"]
 
@@ -177,6 +178,7 @@ def _progress_callback(comm, every: int, user_cb):
     return cb
 
 
+@dtensor_entry("solve")
 def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = None, rtol: float = 1e-5,
           atol: float = 0.0, maxiter: Optional[int] = None, x0: Union[torch.Tensor, str, None] = None,
           pc: Union[str, Callable, None] = None, M: Optional[Callable] = None, restart: int = 30,

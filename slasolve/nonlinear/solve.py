@@ -20,6 +20,7 @@ from ..autograd import AdjointFunction
 from ..registry import KRYLOV_METHODS, default_backend
 from .info import NonlinearConvergenceError, NonlinearInfo
 from .problem import Problem
+from ..dtensor import dtensor_entry
 
 __all__ = ["nonlinear_solve"]
 
@@ -198,6 +199,7 @@ def _adjoint_solve(ctl, u, g):
 
 
 @_log.logged("slaNonlinear", "slaNonlinear")
+@dtensor_entry("nonlinear_solve")
 def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Optional[Callable] = None,
                     method: str = "newton", backend: Optional[str] = None, rtol: float = 1e-8,
                     atol: float = 0.0, stol: Optional[float] = None, maxiter: int = 50,
