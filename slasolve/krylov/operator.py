@@ -5,7 +5,8 @@ import scipy.sparse as sp
 import torch
 from mpi4py import MPI
 
-from ..dsparse import DSparseTensor, RowLayout
+from ..dsparse import DSparseTensor
+from ..layout import RowLayout
 from ..placement import DSparseSpec, row_shard
 from ..sparse import SparseTensor
 

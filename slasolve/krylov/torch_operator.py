@@ -264,7 +264,7 @@ def krylov_matvec(dA, b: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]
     if not matched:
         return dA.matvec
     if not fast:
-        from ..dsparse import forward_product
+        from ..layout import forward_product
 
         def generic(x: torch.Tensor) -> torch.Tensor:
             return forward_product(L, vals, x)[0]
