@@ -40,3 +40,7 @@ from .nonlinear import NonlinearDiffusion, NonlinearProblem  # noqa: E402
 from .hyperelastic import NeoHookean  # noqa: E402
 __all__ += ["BoundaryFacets", "boundary_facets", "neumann_load", "NonlinearProblem", "NonlinearDiffusion",
             "NeoHookean"]
+from .mesh import FacetTags  # noqa: E402
+from .distribute import partition_quality  # noqa: E402
+from .xdmf import read_cell_data, read_point_data, write_xdmf, xdmf_steps  # noqa: E402
+__all__ += ["FacetTags", "partition_quality", "write_xdmf", "read_point_data", "read_cell_data", "xdmf_steps"]
