@@ -231,13 +231,20 @@ def _partition_metis(comm: MPI.Comm, n_local: int, indptr, cols) -> np.ndarray:
     err, parts = None, None
     if rank == 0:
         try:
-            import pymetis
+            import scipy.sparse as sp
+
+            from ..partition import metis
 
             xadj = np.concatenate([[0], np.cumsum(np.concatenate(degs))]).astype(np.int64)
-            _, p = pymetis.part_graph(size, xadj=xadj, adjncy=np.concatenate(adj))
+            adjncy = np.concatenate(adj)
+            n = int(xadj.size - 1)
+            graph = sp.csr_matrix((np.ones(adjncy.size), adjncy, xadj), shape=(n, n))
+            p = metis(graph, size).parts
             parts = np.split(np.asarray(p, dtype=np.int64), np.cumsum(counts)[:-1])
+        except ValueError:   # METIS left a part empty (tiny meshes): keep the file's order
+            parts = [np.full(c, r, dtype=np.int64) for r, c in enumerate(counts)]
         except ImportError as e:
-            err = ImportError(f"partition='metis' needs pymetis (pip install pymetis): {e}")
+            err = ImportError(f"partition='metis': {e}")
     check_collective(comm, err)
     return comm.scatter(parts, root=0) if size > 1 else parts[0]
 

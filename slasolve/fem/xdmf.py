@@ -42,7 +42,7 @@ from .._comm import check_collective, get_comm, settings_digest
 from .elements import _DIM, _NV
 from .mesh import _FACETS, Mesh, _balanced_split, _np
 
-__all__ = ["write_xdmf", "read_xdmf_mesh", "read_point_data", "read_cell_data", "xdmf_steps"]
+__all__ = ["write_xdmf", "read_xdmf_mesh", "read_point_data", "read_cell_data", "xdmf_steps", "convert_mesh"]
 
 _XDMF_CELL = {"triangle": "Triangle", "quad": "Quadrilateral", "tetra": "Tetrahedron", "hexahedron": "Hexahedron"}
 _XDMF_FACET = {"triangle": "PolyLine", "quad": "PolyLine", "tetra": "Triangle", "hexahedron": "Quadrilateral"}
@@ -458,11 +458,8 @@ class _Index:
         else:
             coll = [g for g in root.find("Domain").findall("Grid") if g.get("CollectionType") == "Temporal"]
             steps = [g for c in coll for g in c.findall("Grid")]
-            steps = [g for g in steps if any(a.get("Name") == name for a in g.findall("Attribute"))]
-            if not steps:
-                raise ValueError(f"{self.path!r}: no time step has a field {name!r}")
             if not -len(steps) <= step < len(steps):
-                raise ValueError(f"{self.path!r}: step {step} out of range: {len(steps)} step(s) of {name!r}")
+                raise ValueError(f"{self.path!r}: step {step} out of range: the file has {len(steps)} time step(s)")
             grids = [steps[step]]
         for g in grids:
             for a in g.findall("Attribute"):
@@ -471,8 +468,8 @@ class _Index:
                         raise ValueError(f"{self.path!r}: field {name!r} is a {a.get('Center')} field, "
                                          f"not {center}")
                     return self._item(a)
-        raise ValueError(f"{self.path!r}: no {center} field {name!r} on the mesh (give step=... for a "
-                         f"time series)")
+        raise ValueError(f"{self.path!r}: no {center} field {name!r} " + (
+            "on the mesh (give step=... for a time series)" if step is None else f"in time step {step}"))
 
 
 def xdmf_steps(path: Union[str, os.PathLike]) -> List[float]:
@@ -698,3 +695,108 @@ def _mesh_ids(mesh: Mesh, attr: str) -> np.ndarray:
     check_collective(mesh.comm, err)
     return ids.numpy()
 
+
+
+# --------------------------------------------------------------------------- conversion
+_MESHIO_FACET = {"triangle": "line", "quad": "line", "tetra": "triangle", "hexahedron": "quad"}
+_TAG_KEYS = ("gmsh:physical", "cell_tags", "medit:ref")
+
+
+def _meshio_to_arrays(src: str):
+    """Rank 0: cells, points, cell tags and facet tags of a meshio-readable file."""
+    from .mesh import _MESHIO_DIM, _meshio_read
+
+    if not os.path.exists(src):
+        raise FileNotFoundError(f"convert_mesh: no such file: {src!r}")
+    m = _meshio_read(src)
+    blocks = [(i, b.type, np.asarray(b.data)) for i, b in enumerate(m.cells) if len(b.data)]
+    if not blocks:
+        raise ValueError(f"convert_mesh: {src!r} contains no cells")
+    tdim = max(_MESHIO_DIM.get(t, -1) for _, t, _ in blocks)
+    types = sorted({t for _, t, _ in blocks if _MESHIO_DIM.get(t, -1) == tdim})
+    if len(types) != 1 or types[0] not in _DIM:
+        raise ValueError(f"convert_mesh: {src!r} has {tdim}-D cells of type(s) {types}; supported: one of "
+                         f"triangle, quad, tetra, hexahedron (P1/Q1; no higher-order or mixed volume cells)")
+    ct = types[0]
+    ftype = _MESHIO_FACET[ct]
+    lower = sorted({t for _, t, _ in blocks if _MESHIO_DIM.get(t, -1) == tdim - 1})
+    if any(t != ftype for t in lower):
+        raise ValueError(f"convert_mesh: {src!r} has facet elements {lower}; {ct} meshes need {ftype!r} facets")
+    key = next((k for k in _TAG_KEYS if k in m.cell_data), None)
+
+    def gather(kind):
+        sel = [(i, d) for i, t, d in blocks if t == kind]
+        cells = np.concatenate([d for _, d in sel]).astype(np.int64) if sel else None
+        tags = None
+        if key is not None and sel:
+            tags = np.concatenate([np.asarray(m.cell_data[key][i]).reshape(-1) for i, _ in sel]).astype(np.int32)
+        return cells, tags
+
+    cells, ctags = gather(ct)
+    fcells, ftags = gather(ftype)
+    points = np.asarray(m.points, dtype=np.float64)
+    dim = _DIM[ct]
+    if points.shape[1] > dim and np.all(points[:, dim:] == points[:1, dim:]):
+        points = points[:, :dim]
+    if fcells is not None and ftags is None:
+        fcells = None     # facet elements without physical groups carry nothing to keep
+    return ct, cells, points, ctags, (None if fcells is None else (fcells, ftags))
+
+
+def convert_mesh(src: Union[str, os.PathLike], dst: Union[str, os.PathLike],
+                 comm: Optional[MPI.Comm] = None) -> str:
+    """Collective. Convert a mesh file (gmsh ``.msh`` v2/v4, VTK, ...) to XDMF + HDF5, once.
+
+    Rank 0 reads ``src`` with meshio and writes ``dst`` (``.xdmf``) and its ``.h5``, which
+    :func:`slasolve.fem.read_mesh` then reads in parallel slices on any number of ranks.
+    The highest-dimensional cells (one of triangle, quad, tetra, hexahedron, in one or
+    several blocks) are kept with their physical groups (``gmsh:physical``) as cell tags;
+    the blocks of their facet type (lines in 2-D, triangles / quads in 3-D) that carry
+    physical groups become facet tags. Other cell types of the top dimension (higher
+    order, wedges, mixed volumes), or facet blocks of another type, raise ``ValueError``
+    naming the file, on every rank. Returns ``dst``.
+
+    Why a conversion and not a parallel ``.msh`` reader: a ``.msh`` file stores nodes and
+    elements in per-entity blocks of varying sizes (ASCII lines of varying lengths), so a
+    rank cannot seek to its share without parsing what precedes it; HDF5 datasets can be
+    sliced directly. The conversion holds the mesh in rank 0's memory once, like gmsh
+    that made it; every later read is parallel.
+    """
+    comm = get_comm(comm)
+    src, dst = os.fspath(src), os.path.abspath(os.fspath(dst))
+    err = None
+    if not dst.endswith(".xdmf"):
+        err = ValueError(f"convert_mesh: dst must name an .xdmf file, got {dst!r}")
+    check_collective(comm, err, agree={"src": src, "dst": dst})
+    if comm.Get_rank() == 0:
+        try:
+            h5py = _h5py()
+            ct, cells, points, ctags, ftags = _meshio_to_arrays(src)
+            if ftags is not None and (ftags[0].min() < 0 or ftags[0].max() >= points.shape[0]):
+                raise ValueError(f"convert_mesh: {src!r} has facets referring to missing points")
+            reg = {"cell_type": ct, "dim": points.shape[1], "n_cells": int(cells.shape[0]),
+                   "n_nodes": int(points.shape[0]), "cell_tags": ctags is not None,
+                   "n_facet_tags": None if ftags is None else int(ftags[0].shape[0]),
+                   "point_data": {}, "cell_data": {}, "steps": []}
+            h5file = _h5_path(dst)
+            tmp = os.path.join(os.path.dirname(dst), f".{os.path.basename(h5file)}.tmp-{os.getpid()}")
+            try:
+                with h5py.File(tmp, "w") as f:
+                    f["/Mesh/topology"] = cells
+                    f["/Mesh/geometry"] = points
+                    if ctags is not None:
+                        f["/Mesh/cell_tags"] = ctags
+                    if ftags is not None:
+                        f["/Mesh/facet_topology"] = ftags[0].astype(np.int64)
+                        f["/Mesh/facet_values"] = ftags[1]
+                    f.attrs[_REGISTRY] = json.dumps(reg)
+                text = _xdmf_text(reg, os.path.basename(h5file))
+                os.replace(tmp, h5file)
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+            _replace_index(MPI.COMM_SELF, dst, text)
+        except (OSError, ValueError, ImportError) as e:
+            err = e
+    check_collective(comm, err)
+    return dst
