@@ -35,7 +35,7 @@ from .filters import BoxCells, DensityFilter, cell_laplacian  # noqa: E402
 __all__ += ["BoxCells", "DensityFilter", "cell_laplacian"]
 from .nullspace import rigid_body_modes  # noqa: E402
 __all__ += ["rigid_body_modes"]
-from .facets import BoundaryFacets, boundary_facets, neumann_load  # noqa: E402
+from .facets import BoundaryFacets, boundary_facets, neumann_load, tagged_facets, tagged_nodes  # noqa: E402
 from .nonlinear import NonlinearDiffusion, NonlinearProblem  # noqa: E402
 from .hyperelastic import NeoHookean  # noqa: E402
 __all__ += ["BoundaryFacets", "boundary_facets", "neumann_load", "NonlinearProblem", "NonlinearDiffusion",
@@ -43,4 +43,4 @@ __all__ += ["BoundaryFacets", "boundary_facets", "neumann_load", "NonlinearProbl
 from .mesh import FacetTags  # noqa: E402
 from .distribute import partition_quality  # noqa: E402
 from .xdmf import read_cell_data, read_point_data, write_xdmf, xdmf_steps  # noqa: E402
-__all__ += ["FacetTags", "partition_quality", "write_xdmf", "read_point_data", "read_cell_data", "xdmf_steps"]
+__all__ += ["tagged_facets", "tagged_nodes", "FacetTags", "partition_quality", "write_xdmf", "read_point_data", "read_cell_data", "xdmf_steps"]
