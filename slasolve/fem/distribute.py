@@ -33,7 +33,7 @@ from ..partition import PartitionQuality
 from .elements import _DIM, _NV
 from .mesh import _FACETS, _FLIP, FacetTags, Mesh, _balanced_split, _signed_measure
 
-__all__ = ["distribute_cells", "partition_quality", "PARALLEL_PARTITIONERS"]
+__all__ = ["distribute_cells", "fetch_rows", "partition_quality", "PARALLEL_PARTITIONERS"]
 
 PARALLEL_PARTITIONERS = ("ptscotch", "metis", "block")
 
@@ -426,9 +426,9 @@ def partition_quality(mesh: Mesh) -> PartitionQuality:
     Examples
     --------
     >>> from slasolve.fem import box_mesh, partition_quality
-    >>> q = partition_quality(box_mesh((4, 4), cell="quad"))
-    >>> q.edge_cut if q.nparts == 1 else None
-    0
+    >>> q = partition_quality(box_mesh((4, 4), cell="quad"))    # slabs along y: 4 cells across
+    >>> int(q.part_sizes.sum()), q.edge_cut == 4 * (q.nparts - 1)
+    (16, True)
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a Mesh, got {type(mesh).__name__}")

@@ -12,8 +12,11 @@ rank ``r`` owns global nodes ``owned_range = [start, end)``. Each rank holds
   touch; the touched-but-not-owned ones are its ghosts (``ghost_node_ids()``);
 * ``node_coords``: their coordinates.
 
-No rank ever builds an array of global size in :func:`box_mesh`. :func:`read_mesh`
-reads on rank 0 and scatters, so it is for meshes that fit on one node.
+No rank ever builds an array of global size in :func:`box_mesh`, nor in
+:func:`read_mesh` for XDMF + HDF5 files (read in slices, partitioned and
+redistributed in parallel: :mod:`slasolve.fem.xdmf`, :mod:`slasolve.fem.distribute`);
+other formats are read with meshio on rank 0 and scattered, for meshes that fit on
+one node (convert them once with :func:`slasolve.fem.convert_mesh`).
 """
 from __future__ import annotations
 
@@ -507,7 +510,7 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
     ``hexahedron``); points not used by those cells are dropped, and flat 2-D
     meshes stored with 3-D points lose the constant z. Cells are reoriented to
     positive orientation. Nodes are partitioned with ``partition`` (a method of
-    :func:`slasolve.partition.partition`: ``"metis"``, ``"rcb"``, ``"hilbert"``,
+    :func:`slasolve.partition.partition`: ``"metis"`` (default), ``"rcb"``, ``"hilbert"``,
     or ``"block"`` / ``"contiguous"`` to keep the file order) and renumbered so each rank owns a contiguous range; each
     cell goes to the owner of its smallest (renumbered) node id. Cells and the
     coordinates each rank needs are scattered from rank 0.
