@@ -114,6 +114,29 @@ def test_reload_on_same_ranks_keeps_partition(shared_dir, cell, n):
         assert sorted(os.listdir(shared_dir)) == [f"ck_{cell}.h5", f"ck_{cell}.xdmf"]
 
 
+def test_serial_hdf5_writes_in_turn(shared_dir, monkeypatch):
+    """With a serial h5py (pip's wheel) the ranks write their rows in turn: the same file."""
+    from slasolve.fem import xdmf as xdmf_mod
+
+    mesh = box_mesh((3, 2, 2 * COMM.size), cell="tetra", comm=COMM)
+    u = torch.stack([mesh.owned_node_coords()[:, 0], -mesh.owned_node_coords()[:, 2]], 1)
+    paths = []
+    for serial in (False, True):
+        if serial:
+            monkeypatch.setattr(xdmf_mod, "_mpi_hdf5", lambda h5py: False)
+        paths.append(write_xdmf(os.path.join(shared_dir, f"s{int(serial)}.xdmf"), mesh, point_data={"u": u}))
+        write_xdmf(paths[-1], mesh, cell_data={"r": torch.full((mesh.n_local_cells,), COMM.rank)}, time=1.0,
+                   append=True)
+    COMM.Barrier()
+    if COMM.rank == 0:
+        with h5py.File(paths[0][:-5] + ".h5", "r") as a, h5py.File(paths[1][:-5] + ".h5", "r") as b:
+            for name in ("/Mesh/topology", "/Mesh/geometry", "/PointData/u", "/Function/r/0",
+                         "/Partition/node_offsets"):
+                assert np.array_equal(a[name][:], b[name][:]), name
+    back = read_mesh(paths[1], comm=COMM)
+    assert torch.equal(back.cells, mesh.cells) and torch.equal(read_point_data(paths[1], back, "u"), u)
+
+
 # --------------------------------------------------------------------------- gmsh tags
 @pytest.mark.parametrize("partition", PARTITIONERS)
 @pytest.mark.parametrize("dim", [2, 3])

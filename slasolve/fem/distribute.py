@@ -279,7 +279,7 @@ def distribute_cells(comm: Optional[MPI.Comm], cell_type: str, cells: np.ndarray
     Parameters
     ----------
     comm : the communicator.
-    cell_type : one of :data:`slasolve.fem.CELL_TYPES`.
+    cell_type : ``"triangle"``, ``"quad"``, ``"tetra"`` or ``"hexahedron"``.
     cells : ``(n, nv)`` file node ids of this rank's cells, the file's cells
         ``[cell_offset, cell_offset + n)`` (slices in rank order covering ``n_cells``).
     points : ``(m, dim)`` coordinates of the file's points ``[point_offset, point_offset + m)``

@@ -102,7 +102,7 @@ def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[st
                 f[name][start:start + data.shape[0]] = data
 
     err = None
-    if size > 1 and h5py.get_config().mpi:
+    if size > 1 and _mpi_hdf5(h5py):
         try:
             with h5py.File(h5file, mode, driver="mpio", comm=comm) as f:
                 create(f)
@@ -132,6 +132,11 @@ def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[st
                 err = OSError(f"cannot write {h5file!r}: {type(e).__name__}: {e}")
         comm.Barrier()
     check_collective(comm, err)
+
+
+def _mpi_hdf5(h5py) -> bool:
+    """Local. Whether h5py can write one file collectively (built with MPI)."""
+    return bool(h5py.get_config().mpi)
 
 
 def _data_item(h5name: str, dset: str, shape, dtype) -> str:
