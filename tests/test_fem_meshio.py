@@ -391,3 +391,22 @@ def test_example_fem_solve_on_a_gmsh_mesh(shared_dir, capsys):
     umax = COMM.allreduce(float(u.abs().max()), op=MPI.MAX)
     if COMM.rank == 0:
         assert f"max |u| {umax:.6e}" in printed
+
+
+def test_meshio_xdmf_files(shared_dir):
+    """meshio's XDMF: one block (read in parallel, gmsh:physical as cell tags); several blocks
+    (a Mixed topology: read with meshio on rank 0, as before)."""
+    box = box_mesh((4, 2 * COMM.size), cell="triangle", comm=MPI.COMM_SELF)
+    x = box.node_coords.numpy()
+    tags = np.arange(box.n_global_cells) % 3
+    one, mixed = os.path.join(shared_dir, "one.xdmf"), os.path.join(shared_dir, "mixed.xdmf")
+    if COMM.rank == 0:
+        meshio.write(one, meshio.Mesh(x, [("triangle", box.cells.numpy())], cell_data={"gmsh:physical": [tags]}))
+        meshio.write(mixed, meshio.Mesh(x, [("line", np.array([[0, 1]])), ("triangle", box.cells.numpy())]))
+    COMM.Barrier()
+    mesh = read_mesh(one, comm=COMM)
+    check_layout(mesh)
+    assert np.array_equal(mesh.cell_tags.numpy(), tags[mesh.original_cell_ids.numpy()])
+    mesh = read_mesh(mixed, comm=COMM)
+    assert mesh.n_global_cells == box.n_global_cells and mesh.original_cell_ids is None
+

@@ -52,16 +52,18 @@ class _Exchange:
         self.comm = comm
         size = comm.Get_size()
         dest = np.asarray(dest, dtype=np.int64)
-        self.order = np.argsort(dest, kind="stable")
+        # rows already grouped by rank (always on one rank) are sent as they are: no copy
+        grouped = dest.size < 2 or bool(np.all(dest[1:] >= dest[:-1]))
+        self.order = None if grouped else np.argsort(dest, kind="stable")
         self.send_counts = np.bincount(dest, minlength=size).astype(np.int64)
+        send = np.ascontiguousarray(data if grouped else data[self.order])
         if size == 1:
             self.recv_counts = self.send_counts.copy()
-            self.recv = np.ascontiguousarray(data[self.order])
+            self.recv = send
         else:
             self.recv_counts = np.empty(size, dtype=np.int64)
             comm.Alltoall(self.send_counts, self.recv_counts)
-            self.recv = _alltoallv_rows(comm, np.ascontiguousarray(data[self.order]),
-                                        self.send_counts, self.recv_counts)
+            self.recv = _alltoallv_rows(comm, send, self.send_counts, self.recv_counts)
         self.sources = np.repeat(np.arange(size, dtype=np.int64), self.recv_counts)
 
     def back(self, answer: np.ndarray) -> np.ndarray:
@@ -70,6 +72,8 @@ class _Exchange:
             got = answer
         else:
             got = _alltoallv_rows(self.comm, answer, self.recv_counts, self.send_counts)
+        if self.order is None:
+            return got
         out = np.empty_like(got)
         out[self.order] = got
         return out

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .._comm import check_collective, get_comm
+from .._comm import allreduce_int, check_collective, get_comm
 from .elements import CELL_TYPES, _DIM, _NV
 
 __all__ = ["Mesh", "FacetTags", "box_mesh", "boundary_nodes", "read_mesh", "write_mesh", "read_pvtu"]
@@ -504,7 +504,8 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
     file's point / cell index of each local node / cell. Convert other formats once with
     :func:`slasolve.fem.convert_mesh`.
 
-    **Other formats** (meshio on rank 0, for meshes that fit on one node): as follows.
+    **Other formats**, and XDMF files with several cell blocks (a ``Mixed`` topology) or
+    inline data (meshio on rank 0, for meshes that fit on one node): as follows.
     Rank 0 reads the file (only ``path`` on rank 0 is used) and keeps the block(s)
     of the highest-dimensional cell type (one of ``triangle``, ``quad``, ``tetra``,
     ``hexahedron``); points not used by those cells are dropped, and flat 2-D
@@ -524,8 +525,10 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
     """
     comm = get_comm(comm)
     if isinstance(path, (str, os.PathLike)) and os.fspath(path).lower().endswith((".xdmf", ".xmf")):
-        from .xdmf import read_xdmf_mesh
-        return read_xdmf_mesh(path, comm=comm, partition=partition, dtype=dtype)
+        from .xdmf import parallel_readable, read_xdmf_mesh
+        # meshio's XDMF with several cell blocks (a Mixed topology) or inline data: meshio on rank 0
+        if allreduce_int(comm, int(parallel_readable(path)), op=MPI.MIN):
+            return read_xdmf_mesh(path, comm=comm, partition=partition, dtype=dtype)
     if partition is None:
         partition = "metis"
     rank, size = comm.Get_rank(), comm.Get_size()

@@ -395,6 +395,24 @@ def _replace_index(comm: MPI.Comm, path: str, text: Optional[str]) -> None:
 
 
 # --------------------------------------------------------------------------- reading the index
+class SerialOnlyXdmf(ValueError):
+    """An XDMF file the parallel reader does not take (a ``Mixed`` topology, or data stored
+    inline as XML, as meshio writes for several cell blocks); meshio reads it on rank 0."""
+
+
+def parallel_readable(path) -> bool:
+    """Local. False when ``path`` is an XDMF index of a kind only meshio reads (see
+    :class:`SerialOnlyXdmf`); True otherwise (including unreadable files: the parallel
+    reader reports those)."""
+    try:
+        _Index(os.fspath(path))
+    except SerialOnlyXdmf:
+        return False
+    except (OSError, ValueError):
+        return True
+    return True
+
+
 class _Index:
     """Local. What an XDMF index says: the mesh grid, facet-tag grid, attributes, steps."""
 
@@ -417,6 +435,9 @@ class _Index:
             kind = (t.get("TopologyType") or t.get("Type") or "").lower() if t is not None else ""
             if kind in _FROM_XDMF and (self.cell_type is None or _DIM[_FROM_XDMF[kind]] > _DIM[self.cell_type]):
                 self.mesh_grid, self.cell_type = g, _FROM_XDMF[kind]
+        if self.mesh_grid is None and any((g.find("Topology") is not None and (
+                g.find("Topology").get("TopologyType") or "").lower() == "mixed") for g in grids):
+            raise SerialOnlyXdmf(f"{path!r}: a Mixed topology (several cell blocks)")
         if self.mesh_grid is None:
             kinds = sorted({(g.find("Topology").get("TopologyType") or "?") for g in grids
                             if g.find("Topology") is not None})
@@ -446,6 +467,8 @@ class _Index:
     def _item(self, element) -> Tuple[str, str]:
         """(h5 file, dataset) of the element's HDF DataItem."""
         item = element.find("DataItem")
+        if item is not None and (item.get("Format") or "XML") == "XML":
+            raise SerialOnlyXdmf(f"{self.path!r}: data stored inline (XML)")
         if item is None or (item.get("Format") or "XML") != "HDF" or not (item.text or "").strip():
             raise ValueError(f"{self.path!r}: {element.tag} {element.get('Name', '')} is not stored in HDF5 "
                              f"(only Format=\"HDF\" data items are read in parallel)".replace("  ", " "))
