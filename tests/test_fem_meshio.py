@@ -214,6 +214,7 @@ def system_matrix(mesh, V, kappa):
     return V.assemble_matrix(stiffness(x, 1.0, mesh.cell_type) * kappa + mass(x, 1.0, mesh.cell_type))
 
 
+@pytest.mark.petsc   # spsolve on more than one rank needs MUMPS
 def test_solution_independent_of_ranks_and_reader(shared_dir):
     """The same discrete solution (to rounding) on the 2-D bracket whatever the rank count
     and reader (XDMF in parallel with each partitioner, the .msh through meshio on rank 0)."""
@@ -226,7 +227,7 @@ def test_solution_independent_of_ranks_and_reader(shared_dir):
         ref = np.full(serial.original_ids.numpy().max() + 1, np.nan)
         ref[serial.original_ids.numpy()] = x
     ref = COMM.bcast(ref, root=0)
-    methods = ["metis", "block"] + (["ptscotch"] if slasolve.krylov.default_backend() == "petsc" else [])
+    methods = ["metis", "block", "ptscotch"]
     for reader in [("xdmf", m) for m in methods] + [("msh", "metis")]:
         mesh = read_mesh(path if reader[0] == "xdmf" else FIXTURES[2], comm=COMM, partition=reader[1])
         _, _, u = reaction_diffusion(mesh)
@@ -237,6 +238,7 @@ def test_solution_independent_of_ranks_and_reader(shared_dir):
 
 
 # --------------------------------------------------------------------------- restart N -> M
+@pytest.mark.petsc   # spsolve on more than one rank needs MUMPS
 def test_restart_on_any_rank_count(shared_dir):
     """Save a mesh, a solution and per-cell parameters on N ranks, load them on M ranks, for
     every N, M up to this run's size: the loaded fields are the saved ones bit for bit, and
