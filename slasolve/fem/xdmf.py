@@ -523,8 +523,10 @@ def _open_index(comm: MPI.Comm, path) -> _Index:
     except (OSError, ValueError) as e:
         err = e if isinstance(e, (FileNotFoundError, ValueError)) else ValueError(f"read_mesh: {path!r}: {e}")
     check_collective(comm, err)
-    check_collective(comm, None, agree={"the XDMF file's content (a different file on some rank?)":
-                                        settings_digest(idx.raw)})
+    try:
+        check_collective(comm, None, agree={"the XDMF file's content digest": settings_digest(idx.raw)})
+    except ValueError as e:
+        raise ValueError(f"read_mesh({os.fspath(path)!r}): a different file on some rank: {e}") from None
     return idx
 
 
