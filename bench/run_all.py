@@ -405,6 +405,11 @@ gathered on rank 0 and cut by serial METIS; DOLFINx 0.5.2 `XDMFFile.read_mesh` o
 * Edge cut: PT-Scotch 0.91-0.94x serial METIS's (target <= 1.1x), imbalance <= 1.009.
 * Time against DOLFINx: 0.77x and 0.73x at P = 1 and 2, 1.46x and 1.25x at P = 4 and 8
   (oversubscribed on a loaded machine: not conclusive; the target <= 1.0x is met at P <= 2 only).
+* Rerun of P = 1 and 8 (PT-Scotch) at commit 21bd445 (exchanges no longer copy rows that are
+  already grouped by rank): P = 1 28.2 s, 3412 MiB (DOLFINx in the same run 62.2 s, 2442 MiB);
+  P = 8 66.3 s, 525 MiB per rank (1.23/P of this serial read), edge cut 63325, imbalance 1.008
+  (DOLFINx 66.8 s, 339 MiB): time ratios vary from 0.45x to 1.46x between runs on this loaded
+  machine.
 * 128-rank projection of the mesh path: memory per rank scales as ~1.2/P of the serial read's
   peak (3.6 GiB for 5.3M tetrahedra, ~0.69 KiB per cell), i.e. ~0.69 KiB x cells / P x 1.2: a
   50M-cell mesh on 128 ranks needs ~320 MiB per rank above the imports while it is read and
