@@ -489,6 +489,20 @@ def _read_and_distribute(path, size: int, partition: str):
     return meta, payloads
 
 
+#: (suffixes, accepts(path) or None, reader(path, comm=, partition=, dtype=)) of the parallel
+#: readers :func:`read_mesh` dispatches to (registered by their modules: slasolve.fem.xdmf)
+_PARALLEL_READERS: list = []
+
+
+def register_mesh_reader(suffixes: Tuple[str, ...], reader: Callable[..., "Mesh"],
+                         accepts: Optional[Callable[[str], bool]] = None) -> None:
+    """Local. Make :func:`read_mesh` read files whose (lower-case) name ends with one of
+    ``suffixes`` with ``reader(path, comm=, partition=, dtype=)`` (collective), when
+    ``accepts(path)`` (local; default: always) is true on every rank; other files of those
+    suffixes keep meshio on rank 0. :mod:`slasolve.fem.xdmf` registers the XDMF reader."""
+    _PARALLEL_READERS.append((tuple(s.lower() for s in suffixes), accepts, reader))
+
+
 def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, partition: Optional[str] = None,
               dtype: torch.dtype = torch.float64) -> Mesh:
     """Collective. Read a mesh file and distribute it.
@@ -524,11 +538,13 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
     ``mesh.original_ids`` gives each local node's index in the file's points.
     """
     comm = get_comm(comm)
-    if isinstance(path, (str, os.PathLike)) and os.fspath(path).lower().endswith((".xdmf", ".xmf")):
-        from .xdmf import parallel_readable, read_xdmf_mesh
-        # meshio's XDMF with several cell blocks (a Mixed topology) or inline data: meshio on rank 0
-        if allreduce_int(comm, int(parallel_readable(path)), op=MPI.MIN):
-            return read_xdmf_mesh(path, comm=comm, partition=partition, dtype=dtype)
+    if isinstance(path, (str, os.PathLike)):
+        for suffixes, accepts, reader in _PARALLEL_READERS:
+            # a file the parallel reader does not take (meshio's XDMF with a Mixed topology or
+            # inline data) falls through to meshio on rank 0
+            if os.fspath(path).lower().endswith(suffixes) and allreduce_int(
+                    comm, int(accepts is None or bool(accepts(path))), op=MPI.MIN):
+                return reader(path, comm=comm, partition=partition, dtype=dtype)
     if partition is None:
         partition = "metis"
     rank, size = comm.Get_rank(), comm.Get_size()

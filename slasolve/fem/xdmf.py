@@ -40,7 +40,7 @@ from mpi4py import MPI
 
 from .._comm import check_collective, get_comm, settings_digest
 from .elements import _DIM, _NV
-from .mesh import _FACETS, Mesh, _balanced_split, _np
+from .mesh import _FACETS, Mesh, _balanced_split, _np, register_mesh_reader
 
 __all__ = ["write_xdmf", "read_xdmf_mesh", "read_point_data", "read_cell_data", "xdmf_steps", "convert_mesh"]
 
@@ -830,3 +830,6 @@ def convert_mesh(src: Union[str, os.PathLike], dst: Union[str, os.PathLike],
             err = e
     check_collective(comm, err)
     return dst
+
+
+register_mesh_reader((".xdmf", ".xmf"), read_xdmf_mesh, accepts=parallel_readable)
