@@ -12,8 +12,11 @@ rank ``r`` owns global nodes ``owned_range = [start, end)``. Each rank holds
   touch; the touched-but-not-owned ones are its ghosts (``ghost_node_ids()``);
 * ``node_coords``: their coordinates.
 
-No rank ever builds an array of global size in :func:`box_mesh`. :func:`read_mesh`
-reads on rank 0 and scatters, so it is for meshes that fit on one node.
+No rank ever builds an array of global size in :func:`box_mesh`, nor in
+:func:`read_mesh` for XDMF + HDF5 files (read in slices, partitioned and
+redistributed in parallel: :mod:`slasolve.fem.xdmf`, :mod:`slasolve.fem.distribute`);
+other formats are read with meshio on rank 0 and scattered, for meshes that fit on
+one node (convert them once with :func:`slasolve.fem.convert_mesh`).
 """
 from __future__ import annotations
 
@@ -25,10 +28,33 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .._comm import check_collective, get_comm
+from .._comm import allreduce_int, check_collective, get_comm
 from .elements import CELL_TYPES, _DIM, _NV
 
-__all__ = ["Mesh", "box_mesh", "boundary_nodes", "read_mesh", "write_mesh", "read_pvtu"]
+__all__ = ["Mesh", "FacetTags", "box_mesh", "boundary_nodes", "read_mesh", "write_mesh", "read_pvtu"]
+
+
+@dataclass
+class FacetTags:
+    """Tagged facets (physical groups of facets, e.g. boundary markers) of a rank's cells.
+
+    Each tagged facet is held by the rank of one cell that has it (for an interior facet,
+    the cell with the lower file index), as in :class:`slasolve.fem.BoundaryFacets`.
+
+    Attributes
+    ----------
+    cells : ``(k,)`` int64 local cell index (row of ``mesh.cells``).
+    local_facet : ``(k,)`` int64 which facet of that cell (index into the cell's facet list,
+        the same as ``BoundaryFacets.local_facet``).
+    values : ``(k,)`` int32 tag values.
+    """
+
+    cells: torch.Tensor
+    local_facet: torch.Tensor
+    values: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.cells.shape[0])
 
 
 @dataclass
@@ -52,6 +78,10 @@ class Mesh:
         read from a file), or ``None`` if unknown.
     original_ids : for :func:`read_mesh`, the index in the file's point array of
         each node in ``node_ids``; ``None`` for generated meshes.
+    original_cell_ids : for meshes read in parallel (XDMF), the index in the file's
+        cells of each local cell; ``None`` otherwise.
+    cell_tags : ``(n_local_cells,)`` int32 tag (physical group) of each local cell, or ``None``.
+    facet_tags : :class:`FacetTags` of the local cells, or ``None``.
     """
 
     comm: MPI.Comm
@@ -65,6 +95,9 @@ class Mesh:
     n_global_cells: int
     boundary_mask: Optional[torch.Tensor] = None
     original_ids: Optional[torch.Tensor] = field(default=None, repr=False)
+    original_cell_ids: Optional[torch.Tensor] = field(default=None, repr=False)
+    cell_tags: Optional[torch.Tensor] = field(default=None, repr=False)
+    facet_tags: Optional[FacetTags] = field(default=None, repr=False)
 
     # ---- local queries (no communication)
     @property
@@ -456,16 +489,43 @@ def _read_and_distribute(path, size: int, partition: str):
     return meta, payloads
 
 
-def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, partition: str = "metis",
-              dtype: torch.dtype = torch.float64) -> Mesh:
-    """Collective. Read a mesh with meshio on rank 0 and distribute it.
+#: (suffixes, accepts(path) or None, reader(path, comm=, partition=, dtype=)) of the parallel
+#: readers :func:`read_mesh` dispatches to (registered by their modules: slasolve.fem.xdmf)
+_PARALLEL_READERS: list = []
 
+
+def register_mesh_reader(suffixes: Tuple[str, ...], reader: Callable[..., "Mesh"],
+                         accepts: Optional[Callable[[str], bool]] = None) -> None:
+    """Local. Make :func:`read_mesh` read files whose (lower-case) name ends with one of
+    ``suffixes`` with ``reader(path, comm=, partition=, dtype=)`` (collective), when
+    ``accepts(path)`` (local; default: always) is true on every rank; other files of those
+    suffixes keep meshio on rank 0. :mod:`slasolve.fem.xdmf` registers the XDMF reader."""
+    _PARALLEL_READERS.append((tuple(s.lower() for s in suffixes), accepts, reader))
+
+
+def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, partition: Optional[str] = None,
+              dtype: torch.dtype = torch.float64) -> Mesh:
+    """Collective. Read a mesh file and distribute it.
+
+    **XDMF + HDF5** (``.xdmf``; as written by :func:`slasolve.fem.write_xdmf`, DOLFINx or
+    meshio): read in parallel, every rank one contiguous slice of cells and points, then
+    partitioned in parallel and redistributed (:func:`slasolve.fem.xdmf.read_xdmf_mesh`:
+    ``partition`` ``None`` reuses the layout saved by ``write_xdmf`` on as many ranks, else
+    PT-Scotch through PETSc; ``"ptscotch"``, ``"metis"``, ``"block"``, ``"saved"``). Cell
+    tags (a ``Cell`` attribute ``cell_tags`` / ``gmsh:physical`` of the mesh grid) and facet
+    tags (a grid of the facet type with an attribute) are kept in ``mesh.cell_tags`` and
+    ``mesh.facet_tags``; ``mesh.original_ids`` / ``mesh.original_cell_ids`` give the
+    file's point / cell index of each local node / cell. Convert other formats once with
+    :func:`slasolve.fem.convert_mesh`.
+
+    **Other formats**, and XDMF files with several cell blocks (a ``Mixed`` topology) or
+    inline data (meshio on rank 0, for meshes that fit on one node): as follows.
     Rank 0 reads the file (only ``path`` on rank 0 is used) and keeps the block(s)
     of the highest-dimensional cell type (one of ``triangle``, ``quad``, ``tetra``,
     ``hexahedron``); points not used by those cells are dropped, and flat 2-D
     meshes stored with 3-D points lose the constant z. Cells are reoriented to
     positive orientation. Nodes are partitioned with ``partition`` (a method of
-    :func:`slasolve.partition.partition`: ``"metis"``, ``"rcb"``, ``"hilbert"``,
+    :func:`slasolve.partition.partition`: ``"metis"`` (default), ``"rcb"``, ``"hilbert"``,
     or ``"block"`` / ``"contiguous"`` to keep the file order) and renumbered so each rank owns a contiguous range; each
     cell goes to the owner of its smallest (renumbered) node id. Cells and the
     coordinates each rank needs are scattered from rank 0.
@@ -478,6 +538,15 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
     ``mesh.original_ids`` gives each local node's index in the file's points.
     """
     comm = get_comm(comm)
+    if isinstance(path, (str, os.PathLike)):
+        for suffixes, accepts, reader in _PARALLEL_READERS:
+            # a file the parallel reader does not take (meshio's XDMF with a Mixed topology or
+            # inline data) falls through to meshio on rank 0
+            if os.fspath(path).lower().endswith(suffixes) and allreduce_int(
+                    comm, int(accepts is None or bool(accepts(path))), op=MPI.MIN):
+                return reader(path, comm=comm, partition=partition, dtype=dtype)
+    if partition is None:
+        partition = "metis"
     rank, size = comm.Get_rank(), comm.Get_size()
     err = None
     if not isinstance(partition, str):
