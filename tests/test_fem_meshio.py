@@ -154,10 +154,10 @@ def test_gmsh_tags_independent_of_ranks(shared_dir, dim, partition):
     assert np.array_equal(mesh.cell_tags.numpy(), ctags[ids])
     np.testing.assert_array_equal(mesh.node_coords.numpy(), points[mesh.original_ids.numpy(), :dim])
     # the facet tags: (sorted file vertices, value), gathered
-    from slasolve.fem.mesh import _FACETS
+    from slasolve.fem.cells import CELL_FACETS
 
     ft = mesh.facet_tags
-    lf = np.asarray(_FACETS[mesh.cell_type])[ft.local_facet.numpy()]
+    lf = np.asarray(CELL_FACETS[mesh.cell_type])[ft.local_facet.numpy()]
     verts = np.take_along_axis(file_cells[ft.cells.numpy()], lf, axis=1)
     mine = [(tuple(sorted(v)), int(t)) for v, t in zip(verts.tolist(), ft.values.tolist())]
     everyone = [x for part in COMM.allgather(mine) for x in part]

@@ -30,8 +30,8 @@ from mpi4py import MPI
 
 from .._comm import check_collective, get_comm
 from ..partition import PartitionQuality
-from .elements import _DIM, _NV
-from .mesh import _FACETS, _FLIP, FacetTags, Mesh, _signed_measure
+from .cells import CELL_DIM, CELL_FACETS, CELL_VERTICES, ORIENTATION_FLIP, signed_measure
+from .mesh import FacetTags, Mesh
 
 __all__ = ["distribute_cells", "fetch_rows", "partition_quality", "PARALLEL_PARTITIONERS"]
 
@@ -123,7 +123,7 @@ class _Facets:
 
 def _facet_keys(cells: np.ndarray, cell_type: str) -> np.ndarray:
     """Local. ``(n, nf, nfv)`` sorted vertex ids of every facet of every cell."""
-    return np.sort(cells[:, np.asarray(_FACETS[cell_type])], axis=2)
+    return np.sort(cells[:, np.asarray(CELL_FACETS[cell_type])], axis=2)
 
 
 def _row_groups(keys: np.ndarray, n_nodes: int):
@@ -170,8 +170,8 @@ def _match_facets(comm: MPI.Comm, cells: np.ndarray, cell_ids: np.ndarray, cell_
     on every rank, as does a facet shared by more than two cells.
     """
     size = comm.Get_size()
-    n, nf = cells.shape[0], len(_FACETS[cell_type])
-    nfv = len(_FACETS[cell_type][0])
+    n, nf = cells.shape[0], len(CELL_FACETS[cell_type])
+    nfv = len(CELL_FACETS[cell_type][0])
     keys = _facet_keys(cells, cell_type).reshape(-1, nfv)
     owner_cell = np.repeat(cell_ids, nf)
     ex = _Exchange(comm, np.concatenate([keys, owner_cell[:, None]], axis=1), _referee(keys, n_nodes, size))
@@ -334,7 +334,7 @@ def distribute_cells(comm: Optional[MPI.Comm], cell_type: str, cells: np.ndarray
     """
     comm = get_comm(comm)
     size, rank = comm.Get_size(), comm.Get_rank()
-    dim, nv = _DIM[cell_type], _NV[cell_type]
+    dim, nv = CELL_DIM[cell_type], CELL_VERTICES[cell_type]
     cells = np.ascontiguousarray(cells, dtype=np.int64).reshape(-1, nv)
     n = cells.shape[0]
     cell_ids = cell_offset + np.arange(n, dtype=np.int64)
@@ -368,8 +368,8 @@ def distribute_cells(comm: Optional[MPI.Comm], cell_type: str, cells: np.ndarray
 
     # ---- node owners: the lowest touching rank (or the saved layout); boundary flags
     touched = np.unique(my_cells)
-    nfv = len(_FACETS[cell_type][0])
-    bfacets = my_cells[:, np.asarray(_FACETS[cell_type])][my_nbr < 0]       # (b, nfv)
+    nfv = len(CELL_FACETS[cell_type][0])
+    bfacets = my_cells[:, np.asarray(CELL_FACETS[cell_type])][my_nbr < 0]       # (b, nfv)
     on_boundary = np.isin(touched, bfacets.reshape(-1))
     home = np.searchsorted(point_offsets, touched, side="right") - 1
     ex = _Exchange(comm, np.stack([touched, on_boundary.astype(np.int64)], axis=1), home)
@@ -414,8 +414,8 @@ def distribute_cells(comm: Optional[MPI.Comm], cell_type: str, cells: np.ndarray
     local_cells = inv_order[local_cells]                       # positions in node_ids
     xyz = coords[order]
     # ---- positive orientation
-    neg = _signed_measure(xyz, local_cells, cell_type) < 0 if local_cells.shape[0] else np.zeros(0, bool)
-    local_cells[neg] = local_cells[neg][:, _FLIP[cell_type]]
+    neg = signed_measure(xyz, local_cells, cell_type) < 0 if local_cells.shape[0] else np.zeros(0, bool)
+    local_cells[neg] = local_cells[neg][:, ORIENTATION_FLIP[cell_type]]
     file_cells = touched[order][local_cells]                   # file ids, reoriented
 
     ftags = None

@@ -29,7 +29,8 @@ import torch
 from .._comm import check_collective
 from . import elements as _el
 from .assembly import Assembler, _exchange, _reply
-from .mesh import _FACETS, Mesh
+from .cells import CELL_FACETS
+from .mesh import Mesh
 
 __all__ = ["BoundaryFacets", "boundary_facets", "neumann_load", "facet_rule", "tagged_facets", "tagged_nodes"]
 
@@ -136,7 +137,7 @@ class BoundaryFacets:
 
 
 def _facet_table(cell: str) -> torch.Tensor:
-    return torch.as_tensor(_FACETS[cell], dtype=torch.int64)
+    return torch.as_tensor(CELL_FACETS[cell], dtype=torch.int64)
 
 
 def _find_boundary(mesh: Mesh) -> BoundaryFacets:
@@ -297,7 +298,7 @@ def tagged_facets(mesh: Union[Mesh, Assembler], value: int) -> BoundaryFacets:
         "this mesh has no facet tags (read one with tags: slasolve.fem.read_mesh of an XDMF file)"))
     bf = boundary_facets(mesh)
     ft = mesh.facet_tags
-    nf = len(_FACETS[mesh.cell_type])
+    nf = len(CELL_FACETS[mesh.cell_type])
     sel = ft.values == int(value)
     keys = (ft.cells[sel] * nf + ft.local_facet[sel]).numpy()
     mask = np.isin((bf.cells * nf + bf.local_facet).numpy(), keys)

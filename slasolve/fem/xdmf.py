@@ -39,8 +39,8 @@ import torch
 from mpi4py import MPI
 
 from .._comm import check_collective, get_comm, settings_digest
-from .elements import _DIM, _NV
-from .mesh import _FACETS, Mesh, _balanced_split, _np, register_mesh_reader
+from .cells import CELL_DIM, CELL_FACETS, CELL_VERTICES
+from .mesh import Mesh, _balanced_split, _np, register_mesh_reader
 
 __all__ = ["write_xdmf", "read_xdmf_mesh", "read_point_data", "read_cell_data", "xdmf_steps", "convert_mesh"]
 
@@ -161,7 +161,7 @@ def _xdmf_text(reg: dict, h5name: str) -> str:
 
     h5 = escape(h5name)
     ct, nc, nn, dim = reg["cell_type"], reg["n_cells"], reg["n_nodes"], reg["dim"]
-    nv = _NV[ct]
+    nv = CELL_VERTICES[ct]
     topo = (f'<Topology TopologyType="{_XDMF_CELL[ct]}" NumberOfElements="{nc}" NodesPerElement="{nv}">'
             f'{_data_item(h5, "/Mesh/topology", (nc, nv), np.int64)}</Topology>')
     geom = (f'<Geometry GeometryType="{"XY" if dim == 2 else "XYZ"}">'
@@ -179,7 +179,7 @@ def _xdmf_text(reg: dict, h5name: str) -> str:
     k = reg.get("n_facet_tags")
     if k is not None:
         ft = _XDMF_FACET[ct]
-        nfv = len(_FACETS[ct][0])
+        nfv = len(CELL_FACETS[ct][0])
         out += ['    <Grid Name="facet_tags" GridType="Uniform">',
                 "      <xi:include xpointer=\"xpointer(/Xdmf/Domain/Grid[@Name='mesh']/Geometry)\"/>",
                 f'      <Topology TopologyType="{ft}" NumberOfElements="{k}" NodesPerElement="{nfv}">'
@@ -318,7 +318,7 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
         return path
 
     om = mesh.owned_mask().numpy()
-    plan.add("/Mesh/topology", (nc, _NV[mesh.cell_type]), mesh.cells.numpy().astype(np.int64), c0)
+    plan.add("/Mesh/topology", (nc, CELL_VERTICES[mesh.cell_type]), mesh.cells.numpy().astype(np.int64), c0)
     plan.add("/Mesh/geometry", (nn, mesh.dim), mesh.node_coords.detach().cpu().numpy().astype(np.float64)[om], s)
     plan.add("/Partition/cell_offsets", (size + 1,), cell_off if rank == 0 else cell_off[:0], 0)
     plan.add("/Partition/node_offsets", (size + 1,), node_off if rank == 0 else node_off[:0], 0)
@@ -331,7 +331,7 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
     n_ft = None
     if has_ft:
         ft = mesh.facet_tags
-        lf = np.asarray(_FACETS[mesh.cell_type])[ft.local_facet.numpy()]          # (k, nfv) vertex positions
+        lf = np.asarray(CELL_FACETS[mesh.cell_type])[ft.local_facet.numpy()]          # (k, nfv) vertex positions
         verts = np.take_along_axis(mesh.cells.numpy()[ft.cells.numpy()], lf, axis=1)
         f_off = np.concatenate([[0], np.cumsum(comm.allgather(len(ft)))]).astype(np.int64)
         n_ft = int(f_off[-1])
@@ -433,7 +433,7 @@ class _Index:
         for g in grids:
             t = g.find("Topology")
             kind = (t.get("TopologyType") or t.get("Type") or "").lower() if t is not None else ""
-            if kind in _FROM_XDMF and (self.cell_type is None or _DIM[_FROM_XDMF[kind]] > _DIM[self.cell_type]):
+            if kind in _FROM_XDMF and (self.cell_type is None or CELL_DIM[_FROM_XDMF[kind]] > CELL_DIM[self.cell_type]):
                 self.mesh_grid, self.cell_type = g, _FROM_XDMF[kind]
         if self.mesh_grid is None and any((g.find("Topology") is not None and (
                 g.find("Topology").get("TopologyType") or "").lower() == "mixed") for g in grids):
@@ -450,7 +450,7 @@ class _Index:
             raise ValueError(f"{path!r}: the mesh grid needs a Geometry of type XY or XYZ, got {gtype}")
         self.geometry = self._item(geo)
         self.facet_tags = None
-        nfv = len(_FACETS[self.cell_type][0])
+        nfv = len(CELL_FACETS[self.cell_type][0])
         for g in grids:
             t = g.find("Topology")
             a = g.find("Attribute")
@@ -597,7 +597,7 @@ def read_xdmf_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = Non
     idx = _open_index(comm, path)
     what = f"read_mesh({os.fspath(path)!r})"
     ct = idx.cell_type
-    nv, dim = _NV[ct], _DIM[ct]
+    nv, dim = CELL_VERTICES[ct], CELL_DIM[ct]
     # the saved layout, when usable
     layout = None
     if partition in (None, "saved"):
@@ -734,7 +734,8 @@ _TAG_KEYS = ("gmsh:physical", "cell_tags", "medit:ref")
 
 def _meshio_to_arrays(src: str):
     """Rank 0: cells, points, cell tags and facet tags of a meshio-readable file."""
-    from .mesh import _MESHIO_DIM, _meshio_read
+    from .cells import MESHIO_DIM
+    from .mesh import _meshio_read
 
     if not os.path.exists(src):
         raise FileNotFoundError(f"convert_mesh: no such file: {src!r}")
@@ -742,14 +743,14 @@ def _meshio_to_arrays(src: str):
     blocks = [(i, b.type, np.asarray(b.data)) for i, b in enumerate(m.cells) if len(b.data)]
     if not blocks:
         raise ValueError(f"convert_mesh: {src!r} contains no cells")
-    tdim = max(_MESHIO_DIM.get(t, -1) for _, t, _ in blocks)
-    types = sorted({t for _, t, _ in blocks if _MESHIO_DIM.get(t, -1) == tdim})
-    if len(types) != 1 or types[0] not in _DIM:
+    tdim = max(MESHIO_DIM.get(t, -1) for _, t, _ in blocks)
+    types = sorted({t for _, t, _ in blocks if MESHIO_DIM.get(t, -1) == tdim})
+    if len(types) != 1 or types[0] not in CELL_DIM:
         raise ValueError(f"convert_mesh: {src!r} has {tdim}-D cells of type(s) {types}; supported: one of "
                          f"triangle, quad, tetra, hexahedron (P1/Q1; no higher-order or mixed volume cells)")
     ct = types[0]
     ftype = _MESHIO_FACET[ct]
-    lower = sorted({t for _, t, _ in blocks if _MESHIO_DIM.get(t, -1) == tdim - 1})
+    lower = sorted({t for _, t, _ in blocks if MESHIO_DIM.get(t, -1) == tdim - 1})
     if any(t != ftype for t in lower):
         raise ValueError(f"convert_mesh: {src!r} has facet elements {lower}; {ct} meshes need {ftype!r} facets")
     key = next((k for k in _TAG_KEYS if k in m.cell_data), None)
@@ -765,7 +766,7 @@ def _meshio_to_arrays(src: str):
     cells, ctags = gather(ct)
     fcells, ftags = gather(ftype)
     points = np.asarray(m.points, dtype=np.float64)
-    dim = _DIM[ct]
+    dim = CELL_DIM[ct]
     if points.shape[1] > dim and np.all(points[:, dim:] == points[:1, dim:]):
         points = points[:, :dim]
     if fcells is not None and ftags is None:
