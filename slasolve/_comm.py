@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-__all__ = ["get_comm", "check_collective", "settings_digest", "options_key", "allreduce_sum", "allreduce_max", "allreduce_int",
+__all__ = ["get_comm", "check_collective", "settings_digest", "options_key", "exchange_by_rank", "reply_by_rank", "allreduce_sum", "allreduce_max", "allreduce_int",
            "exscan_sum", "user_code"]
 
 _ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError,
@@ -183,6 +183,37 @@ def exscan_sum(comm: MPI.Comm, value: int) -> int:
         return 0
     out = comm.exscan(int(value), op=MPI.SUM)
     return 0 if out is None else int(out)
+
+
+def exchange_by_rank(comm: MPI.Comm, send: np.ndarray, send_counts: np.ndarray, tag: int = 811):
+    """Collective. Point-to-point exchange of ``send`` (grouped by destination rank,
+    ``send_counts[r]`` items for rank ``r``). Returns ``(recv, recv_counts)``. Use a
+    communicator of its own (a ``Dup``) when other messages with ``tag`` may be in flight."""
+    size = comm.Get_size()
+    recv_counts = np.empty(size, dtype=np.int64)
+    comm.Alltoall(np.ascontiguousarray(send_counts, dtype=np.int64), recv_counts)
+    so = np.concatenate([[0], np.cumsum(send_counts)]).astype(np.int64)
+    ro = np.concatenate([[0], np.cumsum(recv_counts)]).astype(np.int64)
+    recv = np.empty(int(ro[-1]), dtype=send.dtype)
+    reqs = [comm.Irecv(recv[ro[r]:ro[r + 1]], source=r, tag=tag)
+            for r in range(size) if recv_counts[r]]
+    reqs += [comm.Isend(send[so[r]:so[r + 1]], dest=r, tag=tag)
+             for r in range(size) if send_counts[r]]
+    MPI.Request.Waitall(reqs)
+    return recv, recv_counts
+
+
+def reply_by_rank(comm: MPI.Comm, answer: np.ndarray, recv_counts: np.ndarray, send_counts: np.ndarray,
+                  tag: int = 812):
+    """Collective. Send ``answer`` (aligned with what :func:`exchange_by_rank` received) back."""
+    size = comm.Get_size()
+    ro = np.concatenate([[0], np.cumsum(recv_counts)]).astype(np.int64)
+    so = np.concatenate([[0], np.cumsum(send_counts)]).astype(np.int64)
+    out = np.empty(int(so[-1]), dtype=answer.dtype)
+    reqs = [comm.Irecv(out[so[r]:so[r + 1]], source=r, tag=tag) for r in range(size) if send_counts[r]]
+    reqs += [comm.Isend(answer[ro[r]:ro[r + 1]], dest=r, tag=tag) for r in range(size) if recv_counts[r]]
+    MPI.Request.Waitall(reqs)
+    return out
 
 
 def ownership_offsets(comm: MPI.Comm, n_local: int) -> np.ndarray:

@@ -5,8 +5,8 @@ and each subpackage (``slasolve/krylov/`` -> ``slasolve.krylov``); the package's
 ``__init__.py`` (the public facade) is not a unit. The contract:
 
 * no import cycle between units, nor between modules, counting imports inside functions too (a
-  function-level import hides a cycle, it does not remove it); one known module cycle inside
-  ``slasolve.fem`` is listed in ``KNOWN_MODULE_CYCLES`` until it is removed;
+  function-level import hides a cycle, it does not remove it); imports under
+  ``if TYPE_CHECKING:`` (annotations only) are not dependencies;
 * no name with a leading underscore imported from another unit. Modules whose own name starts
   with an underscore (``_comm``, ``_log``, ``_process``, ``_startup``, ``_faults``, ``_argv``,
   ``_petsc_values``) are the library's
@@ -46,7 +46,12 @@ def _imports():
     out = []
     for mod, path in MODULES.items():
         pkg = mod if path.endswith("__init__.py") else mod.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(open(path).read(), path)):
+        tree = ast.parse(open(path).read(), path)
+        typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                       and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = pkg.split(".")[:len(pkg.split(".")) - (node.level - 1)]
@@ -66,9 +71,8 @@ def _imports():
     return out
 
 
-#: module cycles not yet removed (each a debt, not a license): ``Assembler.neumann`` calls
-#: ``facets.neumann_load``, which needs ``Assembler``
-KNOWN_MODULE_CYCLES = [{"slasolve.fem.assembly", "slasolve.fem.facets"}]
+#: module cycles not yet removed (each a debt, not a license)
+KNOWN_MODULE_CYCLES: list = []
 
 
 def _cycles(graph):

@@ -38,7 +38,7 @@ import torch
 from mpi4py import MPI
 
 from .. import _log
-from .._comm import check_collective
+from .._comm import check_collective, exchange_by_rank, reply_by_rank
 from ..dsparse import DSparseTensor
 from ..halo import HaloPlan
 from . import elements as _el
@@ -48,36 +48,6 @@ __all__ = ["Assembler", "FunctionSpace"]
 
 Coef = Union[float, int, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
 
-_TAG_KEYS, _TAG_POS = 811, 812
-
-
-def _exchange(comm: MPI.Comm, send: np.ndarray, send_counts: np.ndarray):
-    """Collective. Point-to-point exchange of ``send`` (grouped by destination rank,
-    ``send_counts[r]`` items for rank ``r``). Returns ``(recv, recv_counts)``."""
-    size = comm.Get_size()
-    recv_counts = np.empty(size, dtype=np.int64)
-    comm.Alltoall(np.ascontiguousarray(send_counts, dtype=np.int64), recv_counts)
-    so = np.concatenate([[0], np.cumsum(send_counts)]).astype(np.int64)
-    ro = np.concatenate([[0], np.cumsum(recv_counts)]).astype(np.int64)
-    recv = np.empty(int(ro[-1]), dtype=send.dtype)
-    reqs = [comm.Irecv(recv[ro[r]:ro[r + 1]], source=r, tag=_TAG_KEYS)
-            for r in range(size) if recv_counts[r]]
-    reqs += [comm.Isend(send[so[r]:so[r + 1]], dest=r, tag=_TAG_KEYS)
-             for r in range(size) if send_counts[r]]
-    MPI.Request.Waitall(reqs)
-    return recv, recv_counts
-
-
-def _reply(comm: MPI.Comm, answer: np.ndarray, recv_counts: np.ndarray, send_counts: np.ndarray):
-    """Collective. Send ``answer`` (aligned with what :func:`_exchange` received) back."""
-    size = comm.Get_size()
-    ro = np.concatenate([[0], np.cumsum(recv_counts)]).astype(np.int64)
-    so = np.concatenate([[0], np.cumsum(send_counts)]).astype(np.int64)
-    out = np.empty(int(so[-1]), dtype=answer.dtype)
-    reqs = [comm.Irecv(out[so[r]:so[r + 1]], source=r, tag=_TAG_POS) for r in range(size) if send_counts[r]]
-    reqs += [comm.Isend(answer[ro[r]:ro[r + 1]], dest=r, tag=_TAG_POS) for r in range(size) if recv_counts[r]]
-    MPI.Request.Waitall(reqs)
-    return out
 
 
 class Assembler:
@@ -183,7 +153,7 @@ class Assembler:
         xcomm = comm.Dup() if size > 1 else comm
         try:
             if size > 1:
-                recv_keys, recv_counts = _exchange(xcomm, np.ascontiguousarray(rk), send_counts)
+                recv_keys, recv_counts = exchange_by_rank(xcomm, np.ascontiguousarray(rk), send_counts)
             else:
                 recv_keys, recv_counts = np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
             own_keys = key if all_owned else key[own_row]
@@ -196,7 +166,7 @@ class Assembler:
             off = int(self.nnz_offsets[rank])
             if size > 1:
                 ans = (oinv[n_own_entries:].numpy() + off).astype(np.int64)
-                remote_gid = _reply(xcomm, ans, recv_counts, send_counts)
+                remote_gid = reply_by_rank(xcomm, ans, recv_counts, send_counts)
             else:
                 remote_gid = np.empty(0, dtype=np.int64)
         finally:

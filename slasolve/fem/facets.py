@@ -22,15 +22,17 @@ traces of the cell's P1/Q1 functions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import numpy as np
 import torch
-from .._comm import check_collective
+from .._comm import check_collective, exchange_by_rank, reply_by_rank
 from . import elements as _el
-from .assembly import Assembler, _exchange, _reply
 from .cells import CELL_FACETS
 from .mesh import Mesh
+
+if TYPE_CHECKING:  # annotations only: the Assembler's neumann() calls into this module
+    from .assembly import Assembler
 
 __all__ = ["BoundaryFacets", "boundary_facets", "neumann_load", "facet_rule", "tagged_facets", "tagged_nodes"]
 
@@ -164,14 +166,14 @@ def _find_boundary(mesh: Mesh) -> BoundaryFacets:
         counts = np.bincount(owner, minlength=size).astype(np.int64)
         xcomm = comm.Dup()
         try:
-            recv, rcounts = _exchange(xcomm, cand.reshape(-1), counts * nfv)
+            recv, rcounts = exchange_by_rank(xcomm, cand.reshape(-1), counts * nfv)
             recv = recv.reshape(-1, nfv)
             if recv.shape[0]:
                 _, rinv, rcnt = np.unique(recv, axis=0, return_inverse=True, return_counts=True)
                 ans = rcnt[rinv.reshape(-1)].astype(np.int64)
             else:
                 ans = np.empty(0, dtype=np.int64)
-            glob = _reply(xcomm, ans, rcounts // nfv, counts)
+            glob = reply_by_rank(xcomm, ans, rcounts // nfv, counts)
         finally:
             xcomm.Free()
         single = np.empty_like(glob)
@@ -194,6 +196,11 @@ def _cache_key(mesh: Mesh):
     return (id(mesh.cells), mesh.cells._version, id(mesh.node_coords), mesh.node_coords._version)
 
 
+def _mesh_of(mesh_or_space):
+    """Local. The mesh of an ``Assembler`` (its ``mesh``), or the argument itself."""
+    return mesh_or_space if isinstance(mesh_or_space, Mesh) else getattr(mesh_or_space, "mesh", mesh_or_space)
+
+
 def boundary_facets(mesh: Union[Mesh, Assembler], where: Where = None) -> BoundaryFacets:
     """Collective. The boundary facets of this rank's cells (facets of exactly one global cell).
 
@@ -204,8 +211,7 @@ def boundary_facets(mesh: Union[Mesh, Assembler], where: Where = None) -> Bounda
     point-to-point exchange) and cached on the mesh; the selection is local. A predicate
     that fails or returns the wrong shape on any rank raises on every rank.
     """
-    if isinstance(mesh, Assembler):
-        mesh = mesh.mesh
+    mesh = _mesh_of(mesh)
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a Mesh or an Assembler, got {type(mesh).__name__}")
     cache = getattr(mesh, "_slasolve_boundary_facets", None)
@@ -292,8 +298,7 @@ def tagged_facets(mesh: Union[Mesh, Assembler], value: int) -> BoundaryFacets:
     (``mesh.facet_tags``, e.g. a gmsh physical group) is ``value``: pass them to
     :func:`neumann_load` as ``facets=``. A mesh without facet tags raises ``ValueError`` on
     every rank; a value no facet has gives no facets."""
-    if isinstance(mesh, Assembler):
-        mesh = mesh.mesh
+    mesh = _mesh_of(mesh)
     check_collective(mesh.comm, None if mesh.facet_tags is not None else ValueError(
         "this mesh has no facet tags (read one with tags: slasolve.fem.read_mesh of an XDMF file)"))
     bf = boundary_facets(mesh)
@@ -311,8 +316,7 @@ def tagged_nodes(mesh: Union[Mesh, Assembler], value: int) -> torch.Tensor:
     their nodes to the owners (one exchange)."""
     from .distribute import _Exchange
 
-    if isinstance(mesh, Assembler):
-        mesh = mesh.mesh
+    mesh = _mesh_of(mesh)
     nodes = torch.unique(tagged_facets(mesh, value).nodes).numpy()
     comm = mesh.comm
     starts = np.asarray([r[0] for r in comm.allgather(mesh.owned_range)], dtype=np.int64)
@@ -343,7 +347,7 @@ def neumann_load(space: Assembler, g=1.0, where: Where = None, *,
         Use these facets instead of ``where`` (e.g. to build per-facet ``g`` from
         ``facets.normals()`` for a pressure ``g = -p n``).
     """
-    if not isinstance(space, Assembler):
+    if not isinstance(getattr(space, "mesh", None), Mesh) or not hasattr(space, "assemble_vector"):
         raise TypeError(f"space must be an Assembler, got {type(space).__name__}")
     err = None
     if facets is not None and where is not None:
