@@ -166,7 +166,7 @@ def parse_args(argv=None):
     except ImportError:   # the `checkpointing` extra is missing: store every step instead
         args.checkpoints = 0
     if args.check:
-        args.n, args.steps, args.iters, args.checkpoints = 8, 16, 4, 3
+        args.n, args.steps, args.iters, args.checkpoints = 8, 10, 3, 3
     if args.lr is None:
         args.lr = 1.0 if args.optimizer == "lbfgs" else 0.1
     return args

@@ -24,6 +24,7 @@ def load_example(name):
     return mod
 
 
+@pytest.mark.skipif(COMM.size > 2, reason="test-time budget: 1 and 2 ranks")
 def test_heat_inverse_check(tmp_path_factory):
     pytest.importorskip("checkpoint_schedules")
     pytest.importorskip("meshio")
@@ -35,11 +36,11 @@ def test_heat_inverse_check(tmp_path_factory):
     # the same numbers on every rank, and (to rounding) at every rank count: 1 rank, measured
     assert len({round(v, 12) for v in COMM.allgather(res["history"][-1])}) == 1
     # objective at q = 0: the data misfit alone (noise hashed per global node id)
-    assert abs(res["history"][0] - 878.6992438917067) <= 1e-10 * 878.7
+    assert abs(res["history"][0] - 802.5207829573114) <= 1e-10 * 802.5
     if COMM.rank == 0:
         text = open(out).read()
-        assert text.count("<DataSet") == 17 and "heat_00016.pvtu" in text
-        assert os.path.exists(os.path.join(folder, "heat_00016.pvtu"))
+        assert text.count("<DataSet") == 11 and "heat_00010.pvtu" in text
+        assert os.path.exists(os.path.join(folder, "heat_00010.pvtu"))
     from slasolve.fem import read_pvtu
-    m = read_pvtu(os.path.join(folder, "heat_00016.pvtu"))
+    m = read_pvtu(os.path.join(folder, "heat_00010.pvtu"))
     assert {"u", "q", "q_true"} <= set(m.point_data)

@@ -104,20 +104,24 @@ def test_convergence_order_against_exact_decay(sch, order):
     assert (np.abs(rates - order) < 0.15).all(), (errs, rates)
 
 
-@pytest.mark.parametrize("method,sch", [pytest.param("direct", "cn", marks=pytest.mark.petsc), ("cg", "bdf2")])
+# (the suite's budget: the Krylov / BDF2 variant runs at 1 and 2 ranks, the direct / CN one at every size)
+@pytest.mark.parametrize("method,sch", [pytest.param("direct", "cn", marks=pytest.mark.petsc),
+                                        pytest.param("cg", "bdf2", marks=pytest.mark.skipif(
+                                            COMM.size > 2, reason="test-time budget: 1 and 2 ranks"))])
 def test_checkpointed_gradient_equals_full_storage_fd_and_taylor(method, sch):
     needs_schedules()
     dM, dK, x = distributed()
     u0, q, Kv = torch.cos(2 * x), torch.sin(3 * x), dK.values.clone()
-    dt, N = 0.01, 12
+    dt, N = 0.01, 8
 
     def loss(u0, q, Kv, **kw):
         out = integrate(problem(method, sch, Kv), u0, q, dt=dt, n_steps=N, outputs=[N // 2, N], **kw)
         return allsum((out[1] ** 2).sum() + (out[0] * x).sum())
 
     grads = {}
-    for kw in ({}, {"checkpoints": 5}, {"checkpoints": 2, "snapshots_on_disk": 2}, {"checkpoints": 3,
-                                                                                   "schedule": "revolve"}):
+    # memory-only binomial runs of <= 200 steps use checkpoint_schedules.Revolve's sequence; the
+    # memory + disk run uses its MultistageCheckpointSchedule
+    for kw in ({}, {"checkpoints": 5}, {"checkpoints": 2, "snapshots_on_disk": 2}):
         leaves = [t.clone().requires_grad_(True) for t in (u0, q, Kv)]
         loss(*leaves, **kw).backward()
         grads[repr(kw)] = torch.cat([t.grad for t in leaves])
@@ -158,7 +162,7 @@ def test_recomputations_are_the_binomial_optimum():
         assert optimal_recomputations(n, s) == F[n, s - 1]
     dM, dK, x = distributed()
     P = LinearTimeProblem(dM, dK, scheme="be", method="cg", rtol=1e-12)
-    for n, s in [(12, 2), (25, 4)]:
+    for n, s in [(12, 2), (20, 4)]:
         u0 = torch.sin(np.pi * x).requires_grad_(True)
         u, info = integrate(P, u0, dt=1e-3, n_steps=n, checkpoints=s, return_info=True)
         allsum(u.sum()).backward()
@@ -173,13 +177,14 @@ def _diag_mask(A):
     return indices == rows, rows - A.row_range[0]
 
 
+@pytest.mark.skipif(COMM.size > 2, reason="test-time budget: 1 and 2 ranks")
 def test_nonlinear_steps():
     """Backward Euler for M du/dt + K u + u^3 = q: Newton per step; the first step against
     nonlinear_solve, gradients with checkpointing equal to full storage, the Taylor test, and
     the Jacobian-free variant (its adjoint re-solves each step) giving the same gradient."""
     needs_schedules()
     dM, dK, x = distributed()
-    dt, N = 0.01, 6
+    dt, N = 0.01, 4
     mask, rows = _diag_mask(dK)
 
     def residual(u, u_old, t, q):
@@ -201,15 +206,18 @@ def test_nonlinear_steps():
     ref = slasolve.nonlinear_solve(lambda u, q: residual(u, u0, dt, q), u0, q, **newton)
     assert float(allsum((u1 - ref).abs().max())) <= 1e-10
     grads = []
-    for prob, kw in ((P, {}), (P, {"checkpoints": 3}), (P_free, {"checkpoints": 3})):
+    # the Jacobian-free variant (matrix-free GMRES: many reductions) on one rank only (test-time budget)
+    variants = ((P, {}), (P, {"checkpoints": 2})) + (((P_free, {"checkpoints": 2}),) if COMM.size == 1 else ())
+    for prob, kw in variants:
         a, b = u0.clone().requires_grad_(True), q.clone().requires_grad_(True)
         loss(prob, a, b, **kw).backward()
         grads.append(torch.cat([a.grad, b.grad]))
     scale = float(allsum(grads[0].abs().max()))
     assert float(allsum((grads[0] - grads[1]).abs().max())) <= 1e-12 * scale
     # matrix-free: inner GMRES to 1e-13, adjoint to 1e-10 (nonlinear_solve's cap)
-    assert float(allsum((grads[0] - grads[2]).abs().max())) <= 1e-7 * scale
-    assert taylor_test(lambda a, b: loss(P, a, b, checkpoints=3), [u0, q],
+    if COMM.size == 1:
+        assert float(allsum((grads[0] - grads[2]).abs().max())) <= 1e-7 * scale
+    assert taylor_test(lambda a, b: loss(P, a, b, checkpoints=2), [u0, q],
                        [rank_random(u0.shape, 4), rank_random(q.shape, 5)], steps=3).rate > 1.9
 
 
