@@ -28,7 +28,7 @@ def optimal_recomputations(n_steps: int, snapshots: int) -> int:
     ``snapshots`` stored states, the initial state included (binomial checkpointing,
     Griewank & Walther 2000):
     ``t = r n - C(s + r, s + 1)`` for the repetition number ``r``, the least with
-    ``C(s + r, s) >= n``. Counted as :attr:`TrajectoryInfo.recomputed_steps` counts (every
+    ``C(s + r, s) >= n``. Counted as ``TrajectoryInfo.recomputed_steps`` counts (every
     forward step after the first ``n_steps``; the step before each reverse step included)."""
     n, s = int(n_steps), int(snapshots)
     if n <= 1:
