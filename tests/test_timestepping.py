@@ -24,7 +24,8 @@ pytestmark = pytest.mark.mpi
 COMM = MPI.COMM_WORLD
 DT = torch.float64
 N_GRID = 12
-SOLVERS = [pytest.param("direct", marks=pytest.mark.petsc), "cg"]
+SOLVERS = [pytest.param("direct", marks=pytest.mark.petsc), pytest.param("cg", marks=pytest.mark.petsc),
+           "cg-torch"]
 
 
 def allsum(t):
@@ -57,9 +58,12 @@ def source(t, q):
 
 
 def problem(method, sch, Kvalues=None):
+    """``method``: "direct", "cg" (petsc backend) or "cg-torch" (the native torch backend)."""
     dM, dK, _ = distributed()
     K = dK if Kvalues is None else dK.with_values(Kvalues)
-    return LinearTimeProblem(dM, K, source, scheme=sch, method=method, pc="jacobi", rtol=1e-13)
+    method, _, backend = method.partition("-")
+    return LinearTimeProblem(dM, K, source, scheme=sch, method=method, pc="jacobi", rtol=1e-13,
+                             backend=backend or None)
 
 
 def rank_random(shape, seed):
@@ -104,9 +108,9 @@ def test_convergence_order_against_exact_decay(sch, order):
     assert (np.abs(rates - order) < 0.15).all(), (errs, rates)
 
 
-# (the suite's budget: the Krylov / BDF2 variant runs at 1 and 2 ranks, the direct / CN one at every size)
+# both backends: MUMPS (petsc) with CN at every size; torch-backend CG with BDF2 at 1 and 2 ranks (test-time budget)
 @pytest.mark.parametrize("method,sch", [pytest.param("direct", "cn", marks=pytest.mark.petsc),
-                                        pytest.param("cg", "bdf2", marks=pytest.mark.skipif(
+                                        pytest.param("cg-torch", "bdf2", marks=pytest.mark.skipif(
                                             COMM.size > 2, reason="test-time budget: 1 and 2 ranks"))])
 def test_checkpointed_gradient_equals_full_storage_fd_and_taylor(method, sch):
     needs_schedules()
