@@ -173,6 +173,15 @@ def test_recomputations_are_the_binomial_optimum():
         assert info.recomputed_steps == info.optimal_recomputed_steps == F[n, s - 1]
         assert info.adjoint_steps == n and info.transposed_solves == n
         assert info.peak_stored_states <= s + 2       # s snapshots + the step being reversed
+    # one factorisation serves every forward, recomputed and adjoint step (BDF2: two matrices)
+    if COMM.size == 1 or slasolve.krylov.default_backend() == "petsc":
+        for sch, n_mat in (("cn", 1), ("bdf2", 2)):
+            P = LinearTimeProblem(dM, dK, scheme=sch, method="direct")
+            u0 = torch.sin(np.pi * x).requires_grad_(True)
+            u, info = integrate(P, u0, dt=1e-3, n_steps=12, checkpoints=3, return_info=True)
+            allsum(u.sum()).backward()
+            assert info.factorizations == n_mat and info.linear_solves == info.forward_steps
+            assert info.transposed_solves == 12
 
 
 def _diag_mask(A):

@@ -151,6 +151,10 @@ class LinearTimeProblem:
             return A, factorized(A, backend=self.backend)
         return A, None
 
+    def factorizations(self) -> int:
+        """Local. Numeric factorisations made for this integration's step matrices."""
+        return sum(F.info.numeric_factorizations for _, F in getattr(self, "_ops", {}).values() if F is not None)
+
     def _solve(self, n: int, rhs: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
         alpha, beta = self.scheme.coefficients(n)
         A, F = self._ops[(alpha[0], beta[0])]

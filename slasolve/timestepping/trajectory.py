@@ -49,6 +49,9 @@ class TrajectoryInfo:
         adjoint's transposed solves.
     peak_stored_states : int
         The most states (vectors ``u_n``) held at once by the schedule.
+    factorizations : int
+        Numeric factorisations made by this integration (``method="direct"``: one per step
+        matrix, reused by every forward and adjoint step; 0 for Krylov methods).
     forward_time, backward_time : float
         Seconds on this rank.
     """
@@ -64,6 +67,7 @@ class TrajectoryInfo:
     linear_solves: int = 0
     transposed_solves: int = 0
     peak_stored_states: int = 0
+    factorizations: int = 0
     forward_time: float = 0.0
     backward_time: float = 0.0
     _stepper: object = field(default=None, repr=False)
@@ -233,6 +237,7 @@ class _Trajectory(torch.autograd.Function):
         run.actions = None
         st = run.stepper
         run.info.linear_solves, run.info.transposed_solves = st.linear_solves, st.transposed_solves
+        run.info.factorizations = getattr(st, "factorizations", lambda: 0)()
         run.info.recomputed_steps = run.info.forward_steps - N
         run.info.backward_time += time.perf_counter() - t_start
         g_u0 = lam[0]
@@ -381,6 +386,7 @@ def integrate(problem, u0: torch.Tensor, *params, dt: float, n_steps: int, t0: f
             outs = _Trajectory.forward(_NoCtx(), run, u0, *tensors)
         run.store.close()
     info.linear_solves = stepper.linear_solves
+    info.factorizations = getattr(stepper, "factorizations", lambda: 0)()
     result = outs[0] if out_list is None else list(outs)
     return (result, info) if return_info else result
 
