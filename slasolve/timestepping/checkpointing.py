@@ -60,8 +60,8 @@ def actions(n_steps: int, snapshots: Optional[int], snapshots_on_disk: int = 0,
     ``schedule``: ``"binomial"`` (``checkpoint_schedules.MultistageCheckpointSchedule``,
     Griewank-Walther binomial, memory + disk by Stumm & Walther's multistage rule; for short
     memory-only runs the same optimal sequence from ``checkpoint_schedules.Revolve``, see
-    :data:`REVOLVE_MAX_STEPS`) or ``"revolve"`` (``checkpoint_schedules.Revolve``, memory only). Raises ImportError, with
-    what to install, when ``checkpoint_schedules`` is missing."""
+    :data:`REVOLVE_MAX_STEPS`) or ``"revolve"`` (``checkpoint_schedules.Revolve``, memory only).
+    Raises ImportError, with what to install, when ``checkpoint_schedules`` is missing."""
     if snapshots is None:
         return full_storage_actions(n_steps), "full storage"
     try:

@@ -121,13 +121,30 @@ class _Store:
 class _Run:
     """Local. One integration: the stepper, the schedule's actions and the stores."""
 
-    def __init__(self, stepper, n_steps, t0, params, actions, info, outputs, comm):
-        self.stepper, self.n_steps, self.t0, self.params = stepper, n_steps, t0, params
-        self.actions, self.info, self.outputs, self.comm = actions, info, outputs, comm
+    def __init__(self, stepper, n_steps: int, t0: float, params, actions, info: TrajectoryInfo,
+                 outputs_order, comm):
+        self.stepper, self.n_steps, self.t0 = stepper, n_steps, t0
+        self.actions, self.info, self.comm = actions, info, comm
+        self.outputs_order = list(outputs_order)
+        self.outputs = set(self.outputs_order)
+        self.tensor_idx = [i for i, p in enumerate(params) if isinstance(p, torch.Tensor)]
+        self.tensor_params = [params[i] for i in self.tensor_idx]
+        self.params = [p.detach() if isinstance(p, torch.Tensor) else p for p in params]
         self.store = _Store(comm.Get_rank())
         self.k = stepper.history
         self.state = None      # (n, state tuple): the current forward state ("work")
         self.collected = {}    # output step -> u
+
+    def param_want(self, want_tensors):
+        """Local. Per-param flags (all params) from the flags of the tensor params."""
+        flags = [False] * len(self.params)
+        for j, i in enumerate(self.tensor_idx):
+            flags[i] = bool(want_tensors[j])
+        return flags
+
+    def tensor_part(self, per_param):
+        """Local. The entries of a per-param list that belong to tensor params."""
+        return [per_param[i] for i in self.tensor_idx]
 
     def forward(self, n0: int, n1: int, write_ics: bool, write_deps: bool, storage: str, first: bool):
         n, state = self.state
@@ -200,7 +217,7 @@ class _Trajectory(torch.autograd.Function):
         lam = [g_at.get(N, zero).clone()] + [zero.clone() for _ in range(k - 1)]
         d_inputs = [None] * n_inputs
         d_params = [None] * len(run.tensor_params)
-        params = run.param_values(want_params)
+        params = run.params
 
         def acc(total, part):
             return [t if p is None else (p.clone() if t is None else t + p) for t, p in zip(total, part)]
@@ -343,8 +360,7 @@ def integrate(problem, u0: torch.Tensor, *params, dt: float, n_steps: int, t0: f
         err = e
     grad_on = torch.is_grad_enabled()
     tensors = list(problem.inputs())
-    tensor_idx = [i for i, p in enumerate(params) if isinstance(p, torch.Tensor)]
-    needs = grad_on and any(_want(t) for t in [u0] + tensors + [params[i] for i in tensor_idx])
+    needs = grad_on and any(_want(t) for t in [u0] + tensors + [p for p in params if isinstance(p, torch.Tensor)])
     check_collective(comm, err, agree={
         "dt": repr(dt), "n_steps": repr(n_steps), "t0": repr(t0), "outputs": repr(out_list),
         "checkpoints": repr(checkpoints), "snapshots_on_disk": repr(snapshots_on_disk), "schedule": schedule,
@@ -361,24 +377,7 @@ def integrate(problem, u0: torch.Tensor, *params, dt: float, n_steps: int, t0: f
     if needs and checkpoints is not None:
         info.optimal_recomputed_steps = optimal_recomputations(n_steps, min(checkpoints + snapshots_on_disk,
                                                                              max(n_steps - 1, 1)))
-    run = _Run(stepper, n_steps, float(t0), None, acts, info, set(order), comm)
-    run.outputs_order = order
-    run.tensor_params = [params[i] for i in tensor_idx]
-    detached = [p.detach() if isinstance(p, torch.Tensor) else p for p in params]
-    run.params = detached
-
-    def param_values(want):
-        return detached
-
-    def param_want(want):
-        flags = [False] * len(params)
-        for j, i in enumerate(tensor_idx):
-            flags[i] = bool(want[j])
-        return flags
-
-    def tensor_part(d_par):
-        return [d_par[i] for i in tensor_idx]
-    run.param_values, run.param_want, run.tensor_part = param_values, param_want, tensor_part
+    run = _Run(stepper, n_steps, float(t0), params, acts, info, order, comm)
     if needs:
         outs = _Trajectory.apply(run, u0, *tensors, *run.tensor_params)
     else:
