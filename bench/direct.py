@@ -83,7 +83,7 @@ def live_info(P: Case, fz):
     """Local. The live FactorizationInfo of the MUMPS factorisation ``spsolve`` caches on
     ``P.dA``'s layout for ``factorization=fz`` (None before the first call). Read for the
     phase breakdown only (the key is slasolve's internal cache key)."""
-    cache = P.dA._layout.__dict__.get("direct_cache") or {}
+    cache = P.dA._layout.cache("factorizations")
     fac = cache.get(("petsc", fz or "auto", ()))
     return None if fac is None else fac.info
 
@@ -355,14 +355,14 @@ def main(argv=None) -> int:
         if SIZE == 1 and not a.no_scipy:
             Ps = P
             if name == "poisson2d" and snx != nx:
-                P.dA._layout.__dict__.pop("direct_cache", None)
+                P.dA._layout.cache("factorizations").clear()
                 Ps = poisson_case(snx)
             case["scipy"] = run_scipy(Ps, max(3, trials - 2), a.warmup, kcount)
             case["scipy"].update(n=Ps.N, nnz=Ps.nnz_global)
             report_scipy(case["scipy"])
             del Ps
         out["cases"].append(case)
-        P.dA._layout.__dict__.pop("direct_cache", None)   # free the cached MUMPS factors
+        P.dA._layout.cache("factorizations").clear()   # free the cached MUMPS factors
         del P
     write_json(a.json, out)
     return 0

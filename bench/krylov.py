@@ -113,7 +113,7 @@ class Problem:
         solve = _solve_fn()
         dA = self.dA if dA is None else dA
         if cold:
-            dA._layout.__dict__.get("solver_cache", {}).clear()
+            dA._layout.cache("solvers").clear()
         rtol = self.rtol if maxiter is None else 1e-30
         x, info = solve(dA, self.b if b is None else b, "cg", backend=backend, pc=pc, rtol=rtol,
                         maxiter=maxiter, return_info=True, raise_on_fail=maxiter is None)

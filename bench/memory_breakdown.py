@@ -103,7 +103,7 @@ def group(path: str) -> str:
         return "halo plan"
     if "petsc_mats" in path:
         return "PETSc Mat value snapshot"
-    if "solver_cache" in path:
+    if "solvers" in path or "factorizations" in path:
         return "solver caches (snapshots, preconditioners)"
     if path.startswith("layout"):
         return "layout index sets (diag/offd split, bulk product)"

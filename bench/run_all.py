@@ -52,6 +52,9 @@ def jobs(quick: bool):
     for n in (1, 2):  # torch backend CG+Jacobi per iteration at 10k unknowns per rank
         J.append((f"torch_overhead_n{n}", "torch_overhead.py", mpirun(n), ["--trials", "3" if quick else "9"],
                   300, False))
+    # DTensor path of solve (issue 23): conversions per call against a 1M-unknown CG+GAMG solve
+    J.append(("dtensor_overhead_n2", "dtensor_overhead.py", mpirun(2), q + ["--trials", "3" if quick else "7"],
+              1500, False))
     for n in (1, 2):  # k right-hand sides in one call vs k calls vs raw KSPMatSolve
         J.append((f"krylov_multirhs_n{n}", "krylov.py", mpirun(n), q + ["--only", "multirhs", "--trials", "3"],
                   900, False))
@@ -371,6 +374,50 @@ k=6), slasolve-slepc / raw slepc4py in one run: 1.60 at the session's start (3c5
 explicit-residual refinement applied to every problem (every round was discarded here, 0.3 s of
 MUMPS solves); 1.80 with it restricted to generalized problems without `sigma` (00d18fb). Runs a few
 minutes apart on a loaded 2-core machine; the 1.62 / 1.59 rows above (n=250k) were not rerun.
+
+### Parallel mesh read + partition + distribution (issue 21; `bench/mesh_io.py`, measured by hand on 2026-11-26, not by run_all)
+
+`python bench/mesh_io.py --n 96 --ranks 1 2 4 8` at commit 9fbab6a: the unit cube in 96^3 x 6 =
+5,308,416 tetrahedra (912,673 nodes), written once with `write_xdmf` (183 MiB `.h5`), then
+`read_mesh(path, partition=...)` in its own `mpirun -n P` job per row (2 cores, loaded by other
+sessions: load average 9-10; P = 4, 8 oversubscribed, so times are rough, memory and edge cut are
+not). `mem/rank` = max over ranks of peak RSS minus the RSS after the imports; `x P / serial` =
+mem/rank x P / the serial read's mem/rank (the target, <= 2.5/P of the serial peak per rank, is
+<= 2.5 here); edge cut = facets between ranks (`partition_quality`), `metis` = the dual graph
+gathered on rank 0 and cut by serial METIS; DOLFINx 0.5.2 `XDMFFile.read_mesh` of the same file
+(default partitioner) for time and memory side by side.
+
+| P | reader | read s | mem/rank MiB | x P / serial | edge cut | cut / METIS | imbalance |
+|---|---|---|---|---|---|---|---|
+| 1 | slasolve | 27.8 (19.1 in the metis job) | 3635 | 1.00 | 0 | - | 1.000 |
+| 1 | DOLFINx | 36.0 (24.7 in an earlier run) | 2442 | - | - | - | - |
+| 2 | slasolve ptscotch | 35.1 | 1992 | 1.10 | 18474 | 0.938 | 1.003 |
+| 2 | slasolve metis | 34.8 | 2731 | 1.50 | 19693 | 1 | 1.000 |
+| 2 | DOLFINx | 48.3 | 1236 | - | - | - | - |
+| 4 | slasolve ptscotch | 47.9 | 1052 | 1.16 | 37884 | 0.905 | 1.007 |
+| 4 | slasolve metis | 46.1 | 2628 | 2.89 | 41857 | 1 | 1.000 |
+| 4 | DOLFINx | 32.9 | 712 | - | - | - | - |
+| 8 | slasolve ptscotch | 65.0 | 549 | 1.21 | 64010 | 0.916 | 1.009 |
+| 8 | slasolve metis | 64.5 | 2556 | 5.63 | 69886 | 1 | 1.000 |
+| 8 | DOLFINx | 52.2 | 395 | - | - | - | - |
+
+* Memory: PT-Scotch's path holds 1.21/P of the serial read per rank at P = 8 (target <= 2.5/P);
+  the METIS path gathers the dual graph on rank 0 (5.6/P at P = 8): small meshes only.
+  DOLFINx holds 0.62-0.72x slasolve's memory per rank (our facet matching keeps the facet keys
+  of the rank's cells and their ids while sorting).
+* Edge cut: PT-Scotch 0.91-0.94x serial METIS's (target <= 1.1x), imbalance <= 1.009.
+* Time against DOLFINx: 0.77x and 0.73x at P = 1 and 2, 1.46x and 1.25x at P = 4 and 8
+  (oversubscribed on a loaded machine: not conclusive; the target <= 1.0x is met at P <= 2 only).
+* Rerun of P = 1 and 8 (PT-Scotch) at commit 21bd445 (exchanges no longer copy rows that are
+  already grouped by rank): P = 1 28.2 s, 3412 MiB (DOLFINx in the same run 62.2 s, 2442 MiB);
+  P = 8 66.3 s, 525 MiB per rank (1.23/P of this serial read), edge cut 63325, imbalance 1.008
+  (DOLFINx 66.8 s, 339 MiB): time ratios vary from 0.45x to 1.46x between runs on this loaded
+  machine.
+* 128-rank projection of the mesh path: memory per rank scales as ~1.2/P of the serial read's
+  peak (3.6 GiB for 5.3M tetrahedra, ~0.69 KiB per cell), i.e. ~0.69 KiB x cells / P x 1.2: a
+  50M-cell mesh on 128 ranks needs ~320 MiB per rank above the imports while it is read and
+  distributed (no rank holds a global array; the exchanges are Alltoallv of rows), against ~33 GiB on
+  one rank for a serial read (the previous path read the whole file on rank 0).
 """
 
 
@@ -477,6 +524,13 @@ def report(R, quick, total_s, made):
         d = get(R, f"torch_overhead_n{n_r}")
         A(target_row(f"CG+Jacobi per iteration torch / PETSc at 10k unknowns per rank, {n_r} rank(s)",
                      d["ratio_per_iteration"] if d else None, 1.5, "le", "bench/torch_overhead.py"))
+    d = get(R, "dtensor_overhead_n2")
+    for lay, r in ((d or {}).get("rows") or {}).items():
+        A(target_row(f"DTensor path of solve: per-call conversions / plain CG+GAMG solve (%), n={d['n']:,}, "
+                     f"{lay} layout ({r['rows_moved_max']:,} rows off DTensor's split), 2 ranks",
+                     100 * r["round_trip_ratio"], 5.0, "le",
+                     f"{r['round_trip'] * 1e3:.1f} ms of {r['plain']:.2f} s; paired dtensor - plain "
+                     f"{100 * r['overhead_ratio']:+.1f}% (load noise); bench/dtensor_overhead.py"))
     for n_r in (1, 2):
         d = get(R, f"optloop_n{n_r}")
         for c in (d or {}).get("cases", []):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install slasolve and everything it needs on a fresh Debian/Ubuntu machine.
 # Idempotent: a second run skips what is already there.
-#   system: PETSc/SLEPc (real, with hypre/MUMPS/GAMG), petsc4py, slepc4py, mpi4py, OpenMPI
+#   system: PETSc/SLEPc (real, with hypre/MUMPS/GAMG), petsc4py, slepc4py, mpi4py, OpenMPI,
+#           h5py built with MPI (parallel XDMF/HDF5 mesh writes)
 #   python: a venv at $SLASOLVE_VENV (default .venv) that sees the system petsc4py,
 #           with torch, numpy pinned to the system's 1.x (petsc4py is built against it),
 #           and the test / example / benchmark extras.
@@ -10,7 +11,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 venv=${SLASOLVE_VENV:-$here/.venv}
 sysdeps="python3-petsc4py python3-petsc4py-real python3-slepc4py python3-slepc4py-real
 python3-mpi4py python3-numpy python3-scipy libpetsc-real-dev libslepc-real-dev openmpi-bin
-libopenmpi-dev python3-venv python3-dev"
+libopenmpi-dev python3-venv python3-dev python3-h5py-mpi"
 
 missing=()
 for p in $sysdeps; do

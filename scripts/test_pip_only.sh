@@ -98,7 +98,7 @@ assert "site-packages" in slasolve.__file__ and sys.prefix != sys.base_prefix, s
 print("slasolve from", slasolve.__file__)'
 tests=(test_no_petsc.py test_config.py test_notebook.py test_sparse.py test_torch_krylov.py
        test_torch_eigen.py test_fem_mesh.py test_fem_elements.py test_fem_assembly.py test_fem_solve.py
-       test_examples_optim.py test_dsparse.py test_halo.py test_partition.py test_errors.py
+       test_examples_optim.py test_dsparse.py test_halo.py test_partition.py test_errors.py test_dtensor.py
        test_taylor.py test_timestepping.py test_heat_inverse.py)
 paths=()
 for t in "${tests[@]}"; do [ ! -f "$here/tests/$t" ] || paths+=("$here/tests/$t"); done
@@ -154,7 +154,7 @@ step "mpiexec -n 2: an exception on one rank aborts the job" abort_check
 step "mpiexec -n 2 python -m slasolve" timeout 120 "$venv/bin/mpiexec" -n 2 "$py" -m slasolve
 mpi_tests=()
 for t in test_config.py test_torch_krylov.py test_torch_eigen.py test_dsparse.py test_halo.py test_errors.py \
-         test_fem_solve.py; do [ ! -f "$here/tests/$t" ] || mpi_tests+=("$here/tests/$t"); done
+         test_fem_solve.py test_dtensor.py; do [ ! -f "$here/tests/$t" ] || mpi_tests+=("$here/tests/$t"); done
 step "mpiexec -n 2 pytest -m mpi (torch backend; other ranks log to .pytest-mpi/ in a temporary folder)" \
   env PYTHON="$py" timeout 900 "$venv/bin/mpiexec" -n 2 "$here/scripts/mpi_pytest.sh" -q --color=no \
   -p no:cacheprovider --with-mpi -m mpi "${mpi_tests[@]}"

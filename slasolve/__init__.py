@@ -35,11 +35,11 @@ except (ImportError, OSError, RuntimeError) as _exc:  # a broken install: say wh
 from ._process import abort_on_unhandled_exception, parse_args  # noqa: E402
 from .config import show_config  # noqa: E402
 from .autograd import global_sum  # noqa: E402
-from .dsparse import DSparseTensor  # noqa: E402
+from .dsparse import DSparseTensor, from_petsc  # noqa: E402
 from .eigen import EigenConvergenceError, EigenInfo, eigsh  # noqa: E402
 from .halo import HaloPlan  # noqa: E402
 from .direct import Factorization, FactorizationError, FactorizationInfo, factorized, spsolve  # noqa: E402
-from .krylov import ConvergenceError, SolveInfo, bicgstab, cg, gmres, minres, solve  # noqa: E402
+from .krylov import ConvergenceError, SolveInfo, bicgstab, cg, cgs, gmres, minres, solve, tfqmr  # noqa: E402
 from .nonlinear import NonlinearConvergenceError, NonlinearInfo, nonlinear_solve  # noqa: E402
 from .placement import DSparseSpec, Replicated, Shard, SparseShard, col_shard, row_shard  # noqa: E402
 from .sparse import SparseTensor  # noqa: E402
@@ -52,16 +52,10 @@ _process.install()
 __all__ = [
     "plot_residual_history",
     "SparseTensor", "DSparseTensor", "DSparseSpec", "Replicated", "SparseShard", "Shard", "row_shard",
-    "col_shard", "HaloPlan", "from_petsc", "solve", "cg", "gmres", "minres", "bicgstab", "SolveInfo",
+    "col_shard", "HaloPlan", "from_petsc", "solve", "cg", "gmres", "minres", "bicgstab", "cgs", "tfqmr", "SolveInfo",
     "ConvergenceError", "nonlinear_solve", "NonlinearInfo", "NonlinearConvergenceError", "eigsh", "EigenInfo",
     "EigenConvergenceError", "abort_on_unhandled_exception",
     "global_sum", "parse_args", "spsolve", "factorized", "Factorization", "FactorizationInfo",
     "FactorizationError", "show_config",
 ]
 
-
-def from_petsc(mat, **kwargs):
-    """Collective. A row-sharded :class:`DSparseTensor` from a ``PETSc.Mat``
-    (see :func:`slasolve.petsc.from_petsc`)."""
-    from .petsc import from_petsc as _from_petsc
-    return _from_petsc(mat, **kwargs)

@@ -7,13 +7,13 @@ that no rank is left waiting in a collective that the failing rank never enters.
 from __future__ import annotations
 
 import builtins
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
-__all__ = ["get_comm", "check_collective", "settings_digest", "allreduce_sum", "allreduce_max", "allreduce_int",
+__all__ = ["get_comm", "check_collective", "settings_digest", "options_key", "allreduce_sum", "allreduce_max", "allreduce_int",
            "exscan_sum", "user_code"]
 
 _ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError,
@@ -35,6 +35,18 @@ def settings_digest(settings) -> int:
     import hashlib
     h = hashlib.blake2b(repr(settings).encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") >> 2
+
+
+def options_key(options) -> Union[tuple, str]:
+    """Local. A hashable, rank-independent key of a settings dict (``petsc_options``,
+    ``linear_solver``): its sorted ``(name, repr(value))`` pairs, ``()`` for None, the
+    ``repr`` of anything else. Both the cache keys and the settings every rank must agree
+    on (``check_collective(agree=...)``) are made with it."""
+    if options is None:
+        return ()
+    if isinstance(options, dict):
+        return tuple(sorted((str(k), repr(v)) for k, v in options.items()))
+    return repr(options)
 
 
 def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=None) -> None:

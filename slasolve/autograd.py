@@ -13,8 +13,9 @@ import functools
 import torch
 
 from ._comm import check_collective
+from .collectives import global_sum
 
-__all__ = ["matvec_value_grad", "global_sum", "saved_tensors", "symmetry_defect"]
+__all__ = ["matvec_value_grad", "global_sum", "saved_tensors", "symmetry_defect", "AdjointFunction"]
 
 #: a relative defect above this (see :func:`symmetry_defect`) counts as a nonsymmetric matrix:
 #: far above the rounding of the two products and reductions (~sqrt(n) eps), far below the
@@ -122,38 +123,59 @@ def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def _rows(L, counts: torch.Tensor) -> torch.Tensor:
     """Local. Each stored entry's local row (int32 where it fits; cached on the layout)."""
-    rows = L.__dict__.get("value_grad_rows")
-    if rows is None:
+    def build():
         n = int(counts.numel())
         dt = torch.int32 if n < 2 ** 31 else torch.int64
-        rows = torch.repeat_interleave(torch.arange(n, dtype=dt, device=counts.device), counts)
-        L.__dict__["value_grad_rows"] = rows
-    return rows
+        return torch.repeat_interleave(torch.arange(n, dtype=dt, device=counts.device), counts)
+    return L.cached("value_grad", "rows", build)
 
 
 def _local_cols(L) -> torch.Tensor:
     """Local. Each stored entry's column in ``[owned columns; ghosts]`` numbering (cached on
     the layout: the pattern is fixed)."""
-    lc = L.__dict__.get("value_grad_cols")
-    if lc is None:
-        cols = L._pattern.indices
+    def build():
         n_cols = L.cend - L.cstart
-        lc = cols - L.cstart
+        lc = L._pattern.indices - L.cstart
         if L.n_offd:
             lc[L.offd_pos] = n_cols + L.off_col
-        if n_cols + int(L.ghost_ids.numel()) < 2 ** 31:
-            lc = lc.to(torch.int32)
-        L.__dict__["value_grad_cols"] = lc
-    return lc
+        return lc.to(torch.int32) if n_cols + int(L.ghost_ids.numel()) < 2 ** 31 else lc
+    return L.cached("value_grad", "cols", build)
 
 
-def global_sum(t: torch.Tensor, comm=None) -> torch.Tensor:
-    """Collective. Sum ``t`` over the ranks of ``comm``; differentiable.
+class AdjointFunction(torch.autograd.Function):
+    """Collective (backward). Base of the solvers' adjoint Functions (:func:`slasolve.solve`,
+    :func:`slasolve.spsolve`, :func:`slasolve.eigsh`, :func:`slasolve.nonlinear_solve`):
+    differentiable once, the guards and their messages in one place.
 
-    Every rank gets the total (a replicated value, e.g. a global loss). The backward
-    passes the gradient through unchanged: with ``loss = global_sum(local_loss)`` on
-    every rank, ``d loss / d local_loss = 1`` on each rank, as it should be.
+    ``backward`` raises ``RuntimeError`` (on every rank: ``create_graph`` is the same
+    everywhere) when a second derivative is asked (``create_graph=True``): the adjoint solves
+    are not recorded, so it would silently miss their terms, and torch's
+    ``once_differentiable`` is not enough (its error node is not reached by
+    ``torch.autograd.grad(..., inputs)``). It then checks the saved tensors against in-place
+    changes on every rank (:func:`saved_tensors`) and calls the subclass's
+    ``adjoint(ctx, saved, *grads)``. Subclasses set ``name`` (the public function, for the
+    messages) and ``comm(ctx)`` (the communicator of the forward).
     """
-    from ._comm import get_comm
-    from .dsparse import _AllreduceSum
-    return _AllreduceSum.apply(t, get_comm(comm))
+
+    name = ""
+
+    @staticmethod
+    def comm(ctx):
+        """Local. The communicator of the forward (subclasses)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def adjoint(ctx, saved, *grads):
+        """Collective. The gradients of the forward's inputs from those of its outputs
+        (subclasses), ``saved`` the checked saved tensors."""
+        raise NotImplementedError
+
+    @classmethod
+    def backward(cls, ctx, *grads):
+        """Collective. The guards, then :meth:`adjoint`."""
+        if torch.is_grad_enabled():
+            raise RuntimeError(f"{cls.name} is differentiable once: second derivatives (backward with "
+                               "create_graph=True) through it are not implemented; they would silently "
+                               "miss the terms of its adjoint")
+        saved = saved_tensors(ctx, cls.comm(ctx), f"backward of {cls.name}")
+        return cls.adjoint(ctx, saved, *grads)

@@ -43,8 +43,6 @@ OPTIONAL = {"pymetis": "partition='metis'", "meshio": "slasolve.fem.read_mesh (m
 #: PETSc external packages worth knowing about (``PETSc.Sys.hasExternalPackage``)
 PETSC_EXTERNAL = ("mumps", "hypre", "ml", "superlu", "superlu_dist", "suitesparse", "scalapack", "metis",
                   "parmetis", "ptscotch", "hdf5", "cuda", "hip", "kokkos")
-TORCH_PCS = ("none", "jacobi", "bjacobi", "ilu", "icc")
-PETSC_PCS = ("none", "jacobi", "bjacobi", "ilu", "icc", "asm", "gamg")
 
 _MPI_HINT = ("mpi4py needs an MPI library. Without a system MPI: `pip install \"slasolve[mpi]\"` (the "
              "mpich wheel, for mpi4py>=4's wheels); with a system or cluster MPI: load the site's MPI "
@@ -236,17 +234,18 @@ def config_info() -> Dict[str, Any]:
     petsc_ok, slepc_ok = info["petsc"]["ok"], info["slepc"]["ok"]
     info["backends"] = {"petsc": petsc_ok, "torch": info["torch"]["ok"]}
     info["default_backend"] = "petsc" if petsc_ok else "torch"
-    try:  # the names the torch backend accepts
-        from .krylov.torch_backend import _PC_NAMES
-        torch_pcs = [p for p in _PC_NAMES if p is not None]
-    except Exception:  # noqa: BLE001 - torch does not import (reported above)
-        torch_pcs = list(TORCH_PCS)
-    pcs: Dict[str, List[str]] = {"torch": torch_pcs + ["callable"]}
+    from .registry import KRYLOV_METHODS, PRECONDITIONERS   # imports neither torch nor PETSc
+    pcs: Dict[str, List[str]] = {"torch": [p.name for p in PRECONDITIONERS.values() if p.torch] + ["callable"]}
     if petsc_ok:
         ext = set(info["petsc"].get("external", ()))
-        pcs["petsc"] = list(PETSC_PCS) + (["hypre"] if "hypre" in ext else []) \
-            + (["lu", "cholesky"] if "mumps" in ext else []) + ["callable"]
+
+        def here(p):    # the external package it needs, if any, is in this PETSc
+            return p.petsc_type is not None and (p.hypre_type is None or "hypre" in ext) and \
+                (p.factor_solver is None or p.factor_solver in ext)
+        pcs["petsc"] = [p.name for p in PRECONDITIONERS.values() if here(p)] + ["callable"]
     info["preconditioners"] = pcs
+    info["krylov_methods"] = {"petsc": list(KRYLOV_METHODS) if petsc_ok else [],
+                              "torch": [m.name for m in KRYLOV_METHODS.values() if m.torch_kernel]}
     info["torch_ilu"] = _torch_pc_factor(petsc_ok)
     info["eigensolvers"] = (["slepc"] if slepc_ok else []) + ["torch (lobpcg, lanczos)"]
     info["optional"] = {m: _dist_version(m) for m in OPTIONAL}
@@ -301,6 +300,9 @@ def format_config(info: Dict[str, Any]) -> str:
     lines.append("")
     backends = [b + (" (default)" if b == info["default_backend"] else "") for b, ok in info["backends"].items() if ok]
     lines.append(f"solve backends:   {', '.join(backends) or 'none'}")
+    for b, names in info["krylov_methods"].items():
+        if names:
+            lines.append(f"  methods ({b}):{' ' * max(1, 4 - len(b))}{', '.join(names)}")
     for b, names in info["preconditioners"].items():
         lines.append(f"  pc ({b}):{' ' * max(1, 9 - len(b))}{', '.join(names)}")
     lines.append(f"  torch ilu/icc/bjacobi: {info['torch_ilu']}")

@@ -21,8 +21,8 @@ except ImportError as e:  # pragma: no cover - exercised on machines without PET
     raise ImportError("slasolve.petsc needs petsc4py: install your PETSc's petsc4py "
                       "(Debian/Ubuntu: apt install python3-petsc4py), see README") from e
 
-__all__ = ["PETSc", "to_petsc_mat", "fill_petsc_mat", "from_petsc", "tensor_to_vec", "vec_to_tensor",
-           "set_options", "temporary_options", "option_entries"]
+__all__ = ["PETSc", "to_petsc_mat", "create_petsc_mat", "fill_petsc_mat", "garbage_cleanup",
+           "tensor_to_vec", "vec_to_tensor", "set_options", "temporary_options", "option_entries"]
 
 _IntType = PETSc.IntType
 _ScalarType = PETSc.ScalarType
@@ -51,7 +51,9 @@ def _default_type(dA) -> str:
     return "baij" if dA.local.is_block else "aij"
 
 
-def _create(dA, mat_type: str):
+def create_petsc_mat(dA, mat_type: str):
+    """Collective. A new PETSc Mat (``"aij"``, or ``"baij"`` for block tensors) holding ``dA``'s
+    current values, with new nonzero locations forbidden (the pattern is fixed)."""
     L = dA._need_row_shard("to_petsc")
     comm = dA.comm
     m, n = (L.rend - L.rstart) * L.br, (L.cend - L.cstart) * L.bc
@@ -71,6 +73,14 @@ def _create(dA, mat_type: str):
     mat.setOption(PETSc.Mat.Option.NEW_NONZERO_ALLOCATION_ERR, True)
     mat.assemble()
     return mat
+
+
+def garbage_cleanup(comm) -> None:
+    """Collective. Destroy PETSc objects whose Python owners are gone (petsc4py >= 3.18 defers
+    destroying parallel objects to this collective point; a no-op before)."""
+    cleanup = getattr(PETSc, "garbage_cleanup", None)
+    if cleanup is not None:
+        cleanup(comm)
 
 
 def fill_petsc_mat(mat, dA) -> None:
@@ -107,12 +117,12 @@ def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None):
     """
     L = dA._need_row_shard("to_petsc")
     mat_type = _default_type(dA) if mat_type is None else mat_type
-    mats = L.__dict__.setdefault("petsc_mats", {})
+    mats = L.cache("petsc_mats")
     vals = dA.values.detach()
     entry = mats.get(mat_type)
     if entry is None:
         with _log.phase("setup", _log.event("slaMatCreate")):
-            mat = _create(dA, mat_type)
+            mat = create_petsc_mat(dA, mat_type)
             view = _values_view(dA, L, mat)
             # [Mat, private copy of the values written (None: compared with the Mat's own arrays), view]
             entry = mats[mat_type] = [mat, None if view is not None else vals.clone(), view]
@@ -161,36 +171,6 @@ def _changed_anywhere(comm, entry, vals: torch.Tensor) -> bool:
     from mpi4py import MPI
     from ._comm import allreduce_int
     return bool(allreduce_int(comm, int(mine), MPI.MAX))
-
-
-def from_petsc(mat, *, dtype: torch.dtype = torch.float64):
-    """Collective. A row-sharded DSparseTensor with ``mat``'s ownership and values.
-
-    AIJ matrices give scalar tensors; BAIJ (block size > 1) give block tensors.
-    """
-    from .dsparse import DSparseTensor
-    comm = mat.getComm().tompi4py()
-    rstart, rend = mat.getOwnershipRange()
-    cstart, cend = mat.getOwnershipRangeColumn()
-    Mg, Ng = mat.getSize()
-    bs = mat.getBlockSize()
-    is_baij = "baij" in mat.getType()
-    # convert into a NEW Mat: ``mat.convert("aij")`` without ``out`` converts in place
-    # and would turn the caller's (cached) BAIJ Mat into an AIJ one
-    src = mat.convert("aij", out=PETSc.Mat()) if is_baij else mat
-    indptr, indices, vals = src.getValuesCSR()
-    if is_baij and bs > 1:
-        import scipy.sparse as sp
-        m = rend - rstart
-        C = sp.csr_matrix((vals, indices, indptr), shape=(m, Ng)).tobsr((bs, bs))
-        C.sort_indices()
-        out = DSparseTensor.from_local_rows(C.indptr, C.indices, torch.as_tensor(C.data, dtype=dtype),
-                                            (Mg // bs, Ng // bs, bs, bs), comm, block_shape=(bs, bs),
-                                            n_local_cols=(cend - cstart) // bs)
-    else:
-        out = DSparseTensor.from_local_rows(indptr, indices, torch.as_tensor(vals, dtype=dtype),
-                                            (Mg, Ng), comm, n_local_cols=cend - cstart)
-    return out
 
 
 def tensor_to_vec(x: torch.Tensor, comm=None, *, global_size: Optional[int] = None, bsize: int = 1):

@@ -18,7 +18,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-__all__ = ["SparseTensor", "Pattern"]
+__all__ = ["SparseTensor", "Pattern", "csr_mv", "csr_value_grad"]
 
 Shape = Tuple[int, ...]
 
@@ -76,6 +76,10 @@ class Pattern:
         self._transpose: Optional[tuple] = None
         self._scalar: dict = {}
         self._csr32: Optional[tuple] = None
+        self._mirror: dict = {}
+        # the one-rank layout of a tensor on this pattern (krylov.operator.as_row_shard), kept so
+        # repeated solves with new values reuse it and the PETSc Mat / solvers cached on it
+        self.self_layout = None
 
     @property
     def nnz(self) -> int:
@@ -104,6 +108,29 @@ class Pattern:
             pt = Pattern(indptr_t, rows[perm].contiguous(), self.N, self.M)
             self._transpose = (pt, perm)
         return self._transpose
+
+    def mirror(self, offset: int) -> tuple:
+        """``(inner, perm)`` for a block of rows ``offset .. offset + M`` of a larger
+        matrix (``N`` global columns): ``inner`` marks the entries whose column is one of
+        these rows, and ``values[inner][perm]`` is each such entry's mirror ``(j, i)``;
+        ``perm`` is None when a mirror is not stored (the pattern is not symmetric there)."""
+        offset = int(offset)
+        if offset not in self._mirror:
+            rows, cols = self.rows(), self.indices - offset
+            inner = (cols >= 0) & (cols < self.M)
+            r, c = rows[inner], cols[inner]
+            perm = None
+            if r.numel():
+                key = r * self.M + c
+                order = torch.argsort(key)
+                skey = key[order]
+                pos = torch.searchsorted(skey, c * self.M + r).clamp_(max=skey.numel() - 1)
+                if torch.equal(skey[pos], c * self.M + r):
+                    perm = order[pos]
+            else:
+                perm = torch.zeros(0, dtype=torch.int64, device=self.device)
+            self._mirror[offset] = (inner, perm)
+        return self._mirror[offset]
 
     def scalar(self, br: int, bc: int) -> tuple:
         """``(pattern_s, perm)``: the scalar CSR pattern of a BSR pattern with
@@ -148,8 +175,8 @@ class Pattern:
 # ---------------------------------------------------------------------------
 # scalar CSR kernels (no autograd; used by the autograd Functions)
 
-def _csr_mv(p: Pattern, values: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """y = A x for a scalar CSR pattern, x of shape (N,) or (N, k)."""
+def csr_mv(p: Pattern, values: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Local. ``y = A x`` for a scalar CSR pattern, ``x`` of shape ``(N,)`` or ``(N, k)``."""
     if p.nnz == 0 or p.M == 0:
         return x.new_zeros((p.M,) + tuple(x.shape[1:]))
     if x.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
@@ -168,11 +195,11 @@ def _csr_mv(p: Pattern, values: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def _csr_rmv(p: Pattern, values: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """A^T g through the cached transposed pattern."""
     pt, perm = p.transpose()
-    return _csr_mv(pt, values[perm], g)
+    return csr_mv(pt, values[perm], g)
 
 
-def _csr_value_grad(p: Pattern, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """d<g, A x>/d values = g[row_k] * x[col_k] (summed over right-hand sides)."""
+def csr_value_grad(p: Pattern, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Local. ``d<g, A x>/d values = g[row_k] * x[col_k]`` (summed over right-hand sides)."""
     prod = g[p.rows()] * x[p.indices]
     return prod if prod.dim() == 1 else prod.sum(dim=tuple(range(1, prod.dim())))
 
@@ -182,14 +209,14 @@ class _CSRMatVec(torch.autograd.Function):
     def forward(ctx, values, x, pattern):
         ctx.pattern = pattern
         ctx.save_for_backward(values, x)
-        return _csr_mv(pattern, values, x)
+        return csr_mv(pattern, values, x)
 
     @staticmethod
     def backward(ctx, g):
         values, x = ctx.saved_tensors
         p = ctx.pattern
         g = g.contiguous()
-        gv = _csr_value_grad(p, g, x) if ctx.needs_input_grad[0] else None
+        gv = csr_value_grad(p, g, x) if ctx.needs_input_grad[0] else None
         gx = _csr_rmv(p, values, g) if ctx.needs_input_grad[1] else None
         return gv, gx, None
 

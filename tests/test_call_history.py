@@ -343,10 +343,10 @@ def test_callable_pc_does_not_grow_cache(comm, backend):
     b = bg[r0:r1].clone()
     for k in range(20):
         x = slasolve.solve(dA, b, pc=lambda r, k=k: r * 0.25, backend=backend, **TOL)
-    assert len(dA._layout.solver_cache) == 1
+    assert len(dA._layout.cache("solvers")) == 1
     for k in range(SOLVER_CACHE_SIZE + 5):
         slasolve.solve(dA, b, "gmres", restart=5 + k, backend=backend, **TOL)
-    assert len(dA._layout.solver_cache) == SOLVER_CACHE_SIZE
+    assert len(dA._layout.cache("solvers")) == SOLVER_CACHE_SIZE
     _close(x, _ref(A, bg, r0, r1), comm)
 
 

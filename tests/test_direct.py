@@ -11,7 +11,6 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 import torch
-from mpi4py import MPI
 
 import slasolve
 from slasolve import FactorizationError, factorized, spsolve
@@ -237,7 +236,7 @@ def test_backward_reuses_factors(comm):
         # the same through spsolve (its factorisation is cached on the layout)
         A2 = dA.with_values(v)
         x = spsolve(A2, b, backend=backend)
-        cached = [f for f in dA._layout.direct_cache.values() if f.backend == ("petsc" if backend == "petsc"
+        cached = [f for f in dA._layout.cache("factorizations").values() if f.backend == ("petsc" if backend == "petsc"
                                                                                   else "scipy")]
         assert len(cached) == 1
         n0, t0 = cached[0].info.numeric_factorizations, cached[0].info.transpose_solves
@@ -506,34 +505,37 @@ def test_ranks_without_rows(comm):
     assert np.allclose(XT.numpy(), ref)
 
 
-@pytest.mark.parametrize("case", ["symmetric", "one_ulp", "structural", "block_symmetric", "block_one_ulp"])
-def test_one_rank_symmetry_test_agrees_with_petsc_transpose(case):
-    """The one-rank symmetry test (the CSR against its cached transpose permutation) gives the
-    answer of the explicit PETSc transpose on exactly symmetric, one-ulp-off and structurally
-    nonsymmetric matrices, scalar and block."""
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", ["symmetric", "one_ulp", "structural", "far_symmetric", "far_one_ulp",
+                                  "far_structural", "block_symmetric", "block_one_ulp", "block_far_one_ulp"])
+def test_symmetry_test_agrees_with_petsc_transpose(comm, case):
+    """The symmetry test (entries mirrored within a rank's rows: the pattern's cached mirror
+    permutation; across ranks: a multiset hash) gives the answer of the explicit PETSc
+    transpose on exactly symmetric, one-ulp-off and structurally nonsymmetric matrices, scalar
+    and block, with the asymmetry near the diagonal or between the first and last row (on
+    different ranks at 2+ ranks)."""
     pytest.importorskip("petsc4py")
     from slasolve.direct.petsc_backend import _exactly_symmetric
-    from slasolve.petsc import _create
+    from slasolve.petsc import create_petsc_mat
     n = 30
     R = sp.random(n, n, density=0.15, random_state=4, format="csr")
-    S = (R + R.T + sp.identity(n) * 5).tocsr()
-    if case in ("one_ulp", "block_one_ulp"):
-        S = S.tolil()
-        i, j = next((i, j) for i, j in zip(*S.nonzero()) if i != j)
+    S = (R + R.T + sp.identity(n) * 5).tolil()
+    S[0, n - 1] = S[n - 1, 0] = 0.75
+    if case.endswith("one_ulp"):
+        i, j = (0, n - 1) if "far" in case else next((i, j) for i, j in zip(*S.nonzero()) if 0 < abs(i - j) < 3)
         S[i, j] = np.nextafter(S[i, j], np.inf)
-        S = S.tocsr()
-    elif case == "structural":
-        S = S.tolil()
-        S[0, n - 1], S[n - 1, 0] = 1.0, 0.0
-        S = S.tocsr()
-        S.eliminate_zeros()
+    elif case.endswith("structural"):
+        i, j = (1, n - 2) if "far" in case else (0, 2)
+        S[i, j], S[j, i] = 1.0, 0.0
+    S = S.tocsr()
+    S.eliminate_zeros()
     if case.startswith("block"):
         S = sp.kron(S, sp.csr_matrix(np.array([[2.0, 0.5], [0.5, 3.0]]))).tobsr((2, 2))
-    dA = slasolve.DSparseTensor.from_global(S, MPI.COMM_SELF)
-    mat = _create(dA, "aij")
+    dA = slasolve.DSparseTensor.from_global(S, comm)
+    mat = create_petsc_mat(dA, "aij")
     try:
         fast = _exactly_symmetric(mat, dA)
         reference = _exactly_symmetric(mat)
     finally:
         mat.destroy()
-    assert fast == reference == (case in ("symmetric", "block_symmetric")), (fast, reference)
+    assert fast == reference == case.endswith("symmetric"), (fast, reference)

@@ -186,7 +186,7 @@ def test_memory_sorted_rows_kept_lazy_layout_jacobi_snapshot(comm):
     b = torch.from_numpy(A @ x.numpy())
     xs, info = solve(dA, b[a:e], "cg", backend="torch", pc="jacobi", rtol=1e-12, return_info=True)
     ok &= rel(xs, x[a:e]) < 1e-9 and info.converged
-    snap = next(iter(L.solver_cache.values()))._snapshot
+    snap = next(iter(L.cache("solvers").values()))._snapshot
     ok &= snap.shape == (e - a,) and torch.equal(snap, torch.from_numpy(A.diagonal()[a:e]))
     ok &= L._diag_pos is None and L._offd is None
     # a zero diagonal entry on one rank: every rank raises, naming the local row

@@ -464,6 +464,35 @@ def test_multiplicity_vs_lapack(comm, name):
 
 
 @pytest.mark.mpi
+def test_inertia_verification_vs_lapack(comm):
+    """Shift-invert on SLEPc verifies by Sylvester inertia counts instead of a deflated re-solve:
+    taken on distinct spectra (sigma below and inside the spectrum: one and two factorisations),
+    refused where the first solve missed copies (a doubled spectrum with a start vector blind to
+    one copy of each: the count exceeds k), which the deflated re-solve then finds; LAPACK
+    reference."""
+    pytest.importorskip("slepc4py")
+    n = 24
+    T = lap1d(n) + sp.diags(np.linspace(0.0, 0.3, n))            # distinct eigenvalues
+    ref_t = scipy.linalg.eigh(T.toarray(), eigvals_only=True)
+    dT = dist(T.tocsr(), comm)
+    for sigma in (0.0, float(ref_t[n // 2]) + 1e-3):
+        w, V, info = eigsh(dT, k=5, sigma=sigma, tol=1e-10, backend="slepc", return_info=True)
+        np.testing.assert_allclose(w.numpy(), _wanted_ref(ref_t, 5, None, sigma), rtol=1e-9, atol=1e-12)
+        assert info.verified and info.verify_method == "inertia" and info.verify_rounds == 0, info
+    D = sp.kron(sp.identity(2), T).tocsr()                        # every eigenvalue twice
+    ref_d = np.sort(np.concatenate([ref_t, ref_t]))
+    dD = dist(D, comm)
+    lo, hi = dD.row_range
+    v0 = torch.from_numpy(np.concatenate([np.ones(n), np.ones(n)])[lo:hi])   # blind to [x, -x]
+    w, V, info = eigsh(dD, k=4, sigma=0.0, v0=v0, tol=1e-10, backend="slepc", return_info=True)
+    np.testing.assert_allclose(w.numpy(), ref_d[:4], rtol=1e-9, atol=1e-12)
+    assert info.verified and info.verify_method == "deflation" and info.verify_rounds >= 1, info
+    Tg = dT.with_values(dT.values.clone().requires_grad_())      # gradients need the next eigenvalue
+    w, V, info = eigsh(Tg, k=3, sigma=0.0, tol=1e-10, backend="slepc", return_info=True)
+    assert info.verify_method == "deflation"
+
+
+@pytest.mark.mpi
 def test_multiplicity_sm_and_forced_methods(comm):
     """which='SM' (indefinite: Laplacian - 3.9 I) and SLEPc methods forced by petsc_options."""
     P = laplacian((6, 6)) - 3.9 * sp.identity(36, format="csr")
@@ -502,19 +531,19 @@ def test_verification_failure_raises():
     import importlib
     E = importlib.import_module("slasolve.eigen.eigsh")
     A = laplacian((12, 12))
-    old = E._verify
+    old = E.verify
 
     def failing(*a, **kw):
         w, V, rounds, w_next, err = old(*a, **kw)
         return w, V, rounds, None, "forced failure"
-    E._verify = failing
+    E.verify = failing
     try:
         with pytest.raises(EigenConvergenceError, match="krylovschur"):
             eigsh(A, k=4, which="SA")
         w, V, info = eigsh(A, k=4, which="SA", raise_on_fail=False, return_info=True)
         assert not info.verified and not info.success
     finally:
-        E._verify = old
+        E.verify = old
 
 
 # ------------------------------------------------ gradients at repeated eigenvalues

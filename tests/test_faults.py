@@ -166,14 +166,14 @@ def test_petsc_use_on_one_rank_only_in_a_fresh_process(tmp_path):
 # ------------------------------------------------------------------ opt-outs
 HOOKS = """
     import sys, time, slasolve
-    from slasolve import _process
+    from slasolve import _faults
     from mpi4py import MPI
     rank = MPI.COMM_WORLD.rank
-    print(f"rank {rank}: hook={sys.excepthook is _process._excepthook} exit={sys.exit is _process._exit} "
-          f"watchdog={_process._state.watchdog} timeout={_process._state.timeout:g}", flush=True)
+    print(f"rank {rank}: hook={sys.excepthook is _faults._excepthook} exit={sys.exit is _faults._exit} "
+          f"watchdog={_faults._state.watchdog} timeout={_faults._state.timeout:g}", flush=True)
     slasolve.abort_on_unhandled_exception(False)
-    print(f"rank {rank}: after False: hook={sys.excepthook is _process._excepthook} "
-          f"exit={sys.exit is _process._exit}", flush=True)
+    print(f"rank {rank}: after False: hook={sys.excepthook is _faults._excepthook} "
+          f"exit={sys.exit is _faults._exit}", flush=True)
     slasolve.abort_on_unhandled_exception(True)
     MPI.COMM_WORLD.Barrier()
     if rank == 0:
@@ -204,26 +204,26 @@ def test_opt_out_env_vars(tmp_path):
 
 
 def test_one_rank_installs_nothing():
-    code = ("import sys, slasolve; from slasolve import _process; "
-            "print(sys.excepthook is sys.__excepthook__, _process._state.watchdog, sys.exit is _process._exit)")
+    code = ("import sys, slasolve; from slasolve import _faults; "
+            "print(sys.excepthook is sys.__excepthook__, _faults._state.watchdog, sys.exit is _faults._exit)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env())
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["True", "False", "False"]
 
 
 def test_previous_excepthook_is_chained():
-    from slasolve import _process
+    from slasolve import _faults
 
     seen = []
-    previous = _process._state.previous_hook
+    previous = _faults._state.previous_hook
     try:
-        _process._state.previous_hook = lambda *a: seen.append(a[0])
-        abort = _process._state.abort
-        _process._state.abort = False        # chain only; do not abort this pytest process
-        _process._excepthook(KeyError, KeyError("x"), None)
-        _process._state.abort = abort
+        _faults._state.previous_hook = lambda *a: seen.append(a[0])
+        abort = _faults._state.abort
+        _faults._state.abort = False        # chain only; do not abort this pytest process
+        _faults._excepthook(KeyError, KeyError("x"), None)
+        _faults._state.abort = abort
     finally:
-        _process._state.previous_hook = previous
+        _faults._state.previous_hook = previous
     assert seen == [KeyError]
 
 

@@ -56,6 +56,8 @@ CASES = [
     ("cg", elasticity_like(), "contiguous"),
     ("gmres", convdiff(13), "metis"),
     ("bicgstab", convdiff(13), "contiguous"),
+    ("cgs", convdiff(13), "metis"),
+    ("tfqmr", convdiff(13), "contiguous"),
 ]
 
 
@@ -76,7 +78,8 @@ def test_solution_matches_spsolve(comm, backend, method, A, partition, pc):
 
 
 @pytest.mark.parametrize("method,A", [("cg", poisson2d(12)), ("gmres", convdiff(12)),
-                                      ("bicgstab", convdiff(12)), ("minres", poisson2d(12))])
+                                      ("bicgstab", convdiff(12)), ("minres", poisson2d(12)),
+                                      ("cgs", convdiff(12)), ("tfqmr", convdiff(12))])
 def test_iterations_equal_petsc_own_count(comm, method, A):
     from petsc4py import PETSc
     dA = DSparseTensor.from_global(A, comm)
@@ -86,14 +89,15 @@ def test_iterations_equal_petsc_own_count(comm, method, A):
     mat = dA.to_petsc()
     ksp = PETSc.KSP().create(comm=comm)
     ksp.setOperators(mat)
-    ksp.setType({"cg": "cg", "gmres": "gmres", "bicgstab": "bcgs", "minres": "minres"}[method])
+    ksp.setType({"cg": "cg", "gmres": "gmres", "bicgstab": "bcgs", "minres": "minres", "cgs": "cgs",
+                 "tfqmr": "tfqmr"}[method])
     ksp.getPC().setType("jacobi")
-    if method in ("gmres", "bicgstab"):
+    if method in ("gmres", "bicgstab", "cgs", "tfqmr"):
         ksp.setPCSide(PETSc.PC.Side.RIGHT)
     if method != "minres":
         ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)
-    ksp.setTolerances(rtol=1e-8, atol=0.0)
-    B = mat.createVecLeft()
+    ksp.setTolerances(rtol=1e-8, atol=0.0, divtol=1e300)   # slasolve has no divergence test (CGS
+    B = mat.createVecLeft()                                 # passes 1e5 ||b|| on the way here)
     B.getArray()[:] = b.numpy()
     X = mat.createVecRight()
     ksp.solve(B, X)
@@ -202,10 +206,10 @@ def test_callback_history_options_and_cache(comm):
                                raise_on_fail=False, return_info=True)
     assert info2.iterations <= 5
     # the KSP is cached on the layout and reused; new values refill the same Mat
-    solver_count = len(dA._layout.solver_cache)
+    solver_count = len(dA._layout.cache("solvers"))
     dB = dA.with_values(dA.values * 2.0)
     x3 = slasolve.solve(dB, b, "cg", rtol=1e-10)
-    assert len(dA._layout.solver_cache) == solver_count
+    assert len(dA._layout.cache("solvers")) == solver_count
     assert dB.to_petsc() is dA.to_petsc()
     x4 = slasolve.solve(dA, b, "cg", rtol=1e-10)
     assert torch.allclose(x3 * 2.0, x4, atol=1e-8)
@@ -213,7 +217,7 @@ def test_callback_history_options_and_cache(comm):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("method,A", [("cg", poisson2d(5)), ("gmres", convdiff(5)),
-                                      ("bicgstab", convdiff(5))])
+                                      ("bicgstab", convdiff(5)), ("cgs", convdiff(5)), ("tfqmr", convdiff(5))])
 def test_gradcheck_values_and_rhs(comm, backend, method, A):
     if comm.size > A.shape[0] // 2:
         pytest.skip("too many ranks for this tiny matrix")
@@ -366,3 +370,54 @@ def test_symmetric_methods_with_asm(comm, method):
     assert info.converged and info.iterations < 60
     ref = spla.spsolve(A.tocsc(), bg.numpy())
     assert np.allclose(dA.gather(x, root=None).numpy(), ref, atol=1e-8)
+
+
+@pytest.mark.parametrize("method,A", [("cg", poisson2d(12)), ("gmres", convdiff(12)), ("tfqmr", convdiff(12))])
+def test_sor_preconditioner_vs_spsolve_and_petsc(comm, method, A):
+    """pc="sor" (one registration): PETSc's local symmetric SOR, the same iterations as raw
+    petsc4py with PCSOR, the answer SciPy's; the torch backend names its own preconditioners."""
+    pytest.importorskip("petsc4py")
+    from petsc4py import PETSc
+    dA = DSparseTensor.from_global(A, comm)
+    bg = _rhs(A.shape[0])
+    b = dA.scatter(bg, root=None)
+    x, info = slasolve.solve(dA, b, method, pc="sor", rtol=1e-10, return_info=True)
+    assert info.converged and info.pc == "sor"
+    ref = spla.spsolve(sp.csc_matrix(A), bg.numpy())
+    assert np.linalg.norm(dA.gather(x, root=None).numpy() - ref) <= 1e-8 * np.linalg.norm(ref)
+    mat = dA.to_petsc()
+    ksp = PETSc.KSP().create(comm=comm)
+    ksp.setOperators(mat)
+    ksp.setType({"cg": "cg", "gmres": "gmres", "tfqmr": "tfqmr"}[method])
+    ksp.getPC().setType("sor")
+    if method != "cg":
+        ksp.setPCSide(PETSc.PC.Side.RIGHT)
+    ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)
+    ksp.setTolerances(rtol=1e-10, atol=0.0)
+    B, X = mat.createVecLeft(), mat.createVecRight()
+    B.getArray()[:] = b.numpy()
+    ksp.solve(B, X)
+    assert info.iterations == ksp.getIterationNumber()
+    ksp.destroy()
+    with pytest.raises(ValueError, match="not available in the torch backend.*jacobi"):
+        slasolve.solve(dA, b, method, pc="sor", backend="torch")
+
+
+def test_registry_names_reach_every_family():
+    """A registered Krylov method is accepted by solve, nonlinear_solve's linear_solver and the
+    SciPy-signature functions; an unknown one is refused with the registered names."""
+    from slasolve import linalg
+    from slasolve.registry import KRYLOV_METHODS
+    A = convdiff(6)
+    b = _rhs(A.shape[0])
+    ref = spla.spsolve(A.tocsc(), b.numpy())
+    for name, m in KRYLOV_METHODS.items():
+        if m.symmetric:
+            continue
+        for backend in BACKENDS:
+            x = slasolve.solve(A, b, name, backend=backend, rtol=1e-12)
+            assert np.allclose(x.numpy(), ref, rtol=1e-9, atol=1e-11), (name, backend)
+        xs, info = getattr(linalg, name)(A, b.numpy(), rtol=1e-12)
+        assert info == 0 and np.allclose(xs, ref, rtol=1e-9, atol=1e-11), name
+    with pytest.raises(ValueError, match="tfqmr"):
+        slasolve.solve(A, b, "qmr")

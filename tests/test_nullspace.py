@@ -56,7 +56,7 @@ def _elasticity(comm, cell, n=(12, 4, 4)):
 
 
 def _fresh(A):
-    A._layout.__dict__.get("solver_cache", {}).clear()
+    A._layout.cache("solvers").clear()
 
 
 @pytest.mark.parametrize("cell,n", [("quad", (8, 8)), ("triangle", (6, 7)), ("hexahedron", (6, 3, 3)),

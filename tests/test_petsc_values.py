@@ -44,7 +44,7 @@ def test_changes_seen_without_a_copy(partition, dtype):
     dA = distribute(A, COMM, partition)
     dA = dA.with_values(dA.values.to(dtype))
     to_petsc_mat(dA)
-    mat, snapshot, view = dA._layout.petsc_mats["aij"]
+    mat, snapshot, view = dA._layout.cache("petsc_mats")["aij"]
     assert view is not None and snapshot is None       # compared with the Mat, no 8 B/nnz copy
     b = np.linspace(1.0, 2.0, n)     # in dA's numbering, like _global_now
     tol = 1e-10 if dtype == torch.float64 else 1e-4
@@ -84,7 +84,7 @@ def test_block_tensors_keep_their_copy_and_answer_right():
     dA = distribute(A, COMM, "contiguous")
     assert dA.local.is_block
     to_petsc_mat(dA)
-    entry = next(iter(dA._layout.petsc_mats.values()))
+    entry = next(iter(dA._layout.cache("petsc_mats").values()))
     assert entry[1] is not None and entry[2] is None      # block Mats: compared with a copy
     dA.values.detach().numpy()[...] *= 3
     b = torch.linspace(1.0, 2.0, n, dtype=torch.float64)
@@ -101,7 +101,7 @@ def test_a_comparer_failing_on_one_rank_refills_instead_of_hanging(monkeypatch):
     A = _matrix()
     dA = distribute(A, COMM, "contiguous")
     to_petsc_mat(dA)
-    assert dA._layout.petsc_mats["aij"][2] is not None
+    assert dA._layout.cache("petsc_mats")["aij"][2] is not None
     real = _petsc_values.AIJValues.equal
 
     def flaky(self, values):

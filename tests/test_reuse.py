@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 import slasolve
 from slasolve import DSparseTensor
-from slasolve.krylov.solve import LAG_CAP, LAG_GROWTH
+from slasolve.krylov.reuse import LAG_CAP, LAG_GROWTH
 from slasolve.testing import simp_mbb_system
 
 pytestmark = pytest.mark.mpi

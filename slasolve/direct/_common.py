@@ -7,7 +7,7 @@ import torch
 
 from .info import FactorizationError, failed_info
 
-__all__ = ["changed_anywhere", "raise_factor_error_collective", "finite_anywhere"]
+__all__ = ["changed_anywhere", "raise_factor_error_collective"]
 
 
 def changed_anywhere(comm, snapshot: Optional[torch.Tensor], vals: torch.Tensor) -> bool:

@@ -5,18 +5,19 @@ See the package docstring (:mod:`slasolve.direct`) for the contract.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from typing import Optional, Tuple, Union
 
 import torch
 
 from .. import _log
-from .._comm import check_collective
-from ..autograd import matvec_value_grad, saved_tensors
+from .._comm import check_collective, options_key
+from ..autograd import AdjointFunction, matvec_value_grad
+from ..registry import default_backend, register_solve_method
 from ..krylov.info import SolveInfo
 from .info import FactorizationError, FactorizationInfo, failed_info
+from ..dtensor import dtensor_entry
 
-__all__ = ["spsolve", "factorized", "Factorization", "BACKWARD_ERROR_TOL", "DIRECT_CACHE_SIZE"]
+__all__ = ["spsolve", "factorized", "Factorization", "solve_direct", "BACKWARD_ERROR_TOL", "DIRECT_CACHE_SIZE"]
 
 #: a solution whose normwise backward error ``||b - A x||_inf / (||A||_inf ||x||_inf + ||b||_inf)``
 #: exceeds this raises :class:`FactorizationError` (a broken-down factorisation, e.g. a
@@ -29,7 +30,6 @@ _FACTORIZATIONS = (None, "auto", "lu", "cholesky")
 
 
 def _backend_name(backend) -> Optional[str]:
-    from ..krylov.solve import default_backend
     return default_backend() if backend is None else backend
 
 
@@ -39,7 +39,7 @@ def _validate(A, b, *, backend, factorization, petsc_options, return_info, what=
     from mpi4py import MPI
     from ..dsparse import DSparseTensor
     from ..krylov.operator import as_row_shard
-    from ..krylov.solve import _check_operator, _check_rhs, _needs_grad
+    from ..krylov.operator import needs_grad, operator_error, rhs_error
     dA, err = None, None
     try:
         dA = as_row_shard(A)
@@ -67,19 +67,18 @@ def _validate(A, b, *, backend, factorization, petsc_options, return_info, what=
         else:
             path = "scipy"
     if err is None:
-        err = _check_operator(dA)
+        err = operator_error(dA)
     if err is None and b is not None:
-        err = _check_rhs(dA, b, None)
+        err = rhs_error(dA, b, None)
         if err is None and not bool(torch.isfinite(b).all()):
             err = ValueError(f"{what}: b has NaN or infinite entries")
     agree = {"backend": backend, "factorization": factorization,
              "b columns": (b.shape[1] if b.dim() == 2 else None) if isinstance(b, torch.Tensor) else None,
              "dtype": str(b.dtype) if isinstance(b, torch.Tensor) else None,
              "return_info": bool(return_info),
-             "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
-             if isinstance(petsc_options, dict) else repr(petsc_options),
-             "A's values require grad": _needs_grad(dA.values if dA is not None else None),
-             "b requires grad": _needs_grad(b)}
+             "petsc_options": options_key(petsc_options),
+             "A's values require grad": needs_grad(dA.values if dA is not None else None),
+             "b requires grad": needs_grad(b)}
     check_collective(comm, err, agree=agree)
     return dA, path
 
@@ -95,20 +94,9 @@ def _new_factor(dA, path, factorization, petsc_options):
 
 def _cached_factor(dA, path, factorization, petsc_options):
     """Collective (settings agree on every rank, so every rank hits / misses together)."""
-    L = dA._layout
-    cache = L.__dict__.get("direct_cache")
-    if not isinstance(cache, OrderedDict):
-        cache = L.__dict__["direct_cache"] = OrderedDict()
-    key = (path, factorization or "auto",
-           tuple(sorted((str(k), repr(v)) for k, v in (petsc_options or {}).items())))
-    fac = cache.get(key)
-    if fac is None:
-        fac = cache[key] = _new_factor(dA, path, factorization, petsc_options)
-        while len(cache) > DIRECT_CACHE_SIZE:
-            cache.popitem(last=False)
-    else:
-        cache.move_to_end(key)
-    return fac
+    key = (path, factorization or "auto", options_key(petsc_options))
+    return dA._layout.cached("factorizations", key, lambda: _new_factor(dA, path, factorization, petsc_options),
+                             DIRECT_CACHE_SIZE)
 
 
 def _refresh(fac, dA) -> None:
@@ -176,7 +164,7 @@ def _checked_solve(fac, dA, b: torch.Tensor, transpose: bool) -> torch.Tensor:
     return x.to(dA.dtype)
 
 
-class _DirectSolve(torch.autograd.Function):
+class _DirectSolve(AdjointFunction):
     @staticmethod
     def forward(ctx, values, b, fac, dA, transpose):
         x = _checked_solve(fac, dA, b, transpose)
@@ -186,12 +174,15 @@ class _DirectSolve(torch.autograd.Function):
         ctx.save_for_backward(x, values)
         return x
 
+    name = "slasolve.spsolve"
+
     @staticmethod
-    def backward(ctx, g):
-        if torch.is_grad_enabled():
-            raise RuntimeError("slasolve.spsolve is differentiable once: second derivatives through a "
-                               "direct solve are not implemented (backward with create_graph=True)")
-        x, _ = saved_tensors(ctx, ctx.dA.comm, "backward of slasolve.spsolve")
+    def comm(ctx):
+        return ctx.dA.comm
+
+    @staticmethod
+    def adjoint(ctx, saved, g):
+        x, _ = saved
         # ONE solve with the transposed operator and the same factors (refactorised only
         # if A's values were changed in place since the forward)
         lam = _checked_solve(ctx.fac, ctx.dA, g.contiguous(), not ctx.transpose)
@@ -204,6 +195,7 @@ class _DirectSolve(torch.autograd.Function):
 
 
 @_log.logged("slaSolve", "slaDirect")
+@dtensor_entry("spsolve")
 def spsolve(A, b: torch.Tensor, *, backend: Optional[str] = None, factorization: Optional[str] = None,
             return_info: bool = False, petsc_options: Optional[dict] = None
             ) -> Union[torch.Tensor, Tuple[torch.Tensor, FactorizationInfo]]:
@@ -302,8 +294,8 @@ class Factorization:
         """Collective. ``A^{-1} b`` (``A^{-T} b`` with ``transpose=True``)."""
         dA = self._dA
         err = None
-        from ..krylov.solve import _check_rhs, _needs_grad
-        err = _check_rhs(dA, b, None)
+        from ..krylov.operator import needs_grad, rhs_error
+        err = rhs_error(dA, b, None)
         if err is None and not bool(torch.isfinite(b).all()):
             err = ValueError("Factorization.solve: b has NaN or infinite entries")
         if err is None and not isinstance(transpose, bool):
@@ -312,7 +304,7 @@ class Factorization:
             "transpose": bool(transpose) if isinstance(transpose, bool) else repr(transpose),
             "b columns": (b.shape[1] if b.dim() == 2 else None) if isinstance(b, torch.Tensor) else None,
             "dtype": str(b.dtype) if isinstance(b, torch.Tensor) else None,
-            "A's values require grad": _needs_grad(dA.values), "b requires grad": _needs_grad(b)})
+            "A's values require grad": needs_grad(dA.values), "b requires grad": needs_grad(b)})
         return _DirectSolve.apply(dA.values, b, self._fac, dA, bool(transpose))
 
     __call__ = solve
@@ -353,7 +345,7 @@ def factorized(A, *, backend: Optional[str] = None, factorization: Optional[str]
     return Factorization(dA, fac, path)
 
 
-def _solve_direct(A, b, *, backend=None, pc=None, return_info=False, petsc_options=None, **ignored):
+def solve_direct(A, b, *, backend=None, pc=None, return_info=False, petsc_options=None, **ignored):
     """Collective. ``slasolve.solve(A, b, method="direct")``: :func:`spsolve` with
     ``pc`` as the factorisation (``None``, ``"lu"``, ``"cholesky"``) and a SolveInfo."""
     x, finfo = spsolve(A, b, backend=backend, factorization=pc, return_info=True,
@@ -373,3 +365,6 @@ def _solve_direct(A, b, *, backend=None, pc=None, return_info=False, petsc_optio
     info.factorization = finfo
     info.backward_error = finfo.backward_error
     return (x, info) if return_info else x
+
+
+register_solve_method("direct", solve_direct)

@@ -69,7 +69,7 @@ import torch
 
 from .. import _log
 from .._comm import allreduce_sum, check_collective
-from ..autograd import matvec_value_grad, saved_tensors
+from ..autograd import AdjointFunction, matvec_value_grad
 from .info import EigenConvergenceError
 
 __all__ = ["EigshFunction", "DEGENERATE_RTOL"]
@@ -90,7 +90,7 @@ class _State:
         self.degenerate_rtol = degenerate_rtol
 
 
-class EigshFunction(torch.autograd.Function):
+class EigshFunction(AdjointFunction):
     """``(valsA, valsM, w, V, state) -> (w, V)``; see the module docstring."""
 
     @staticmethod
@@ -100,19 +100,17 @@ class EigshFunction(torch.autograd.Function):
         ctx.save_for_backward(w, V, valsA, valsM)
         return w.clone(), V.clone()
 
+    name = "slasolve.eigsh"
+
+    @staticmethod
+    def comm(ctx):
+        return ctx.state.dA.comm
+
     @staticmethod
     @_log.logged("slaAdjoint", "slaEigBackward")
-    def backward(ctx, gw, gV):
-        if torch.is_grad_enabled():
-            # create_graph=True. ``once_differentiable`` is not enough: its error node hangs
-            # off detached aliases, so torch.autograd.grad(g, inputs) prunes it and drops the
-            # eigen-Hessian silently (and it adds no node at all when w enters the loss
-            # linearly). Raise instead (on every rank: create_graph is the same everywhere).
-            raise RuntimeError(
-                "eigsh backward: second derivatives (create_graph=True) through eigsh are not "
-                "implemented; the result would silently miss the eigenvalue/eigenvector Hessian")
+    def adjoint(ctx, saved, gw, gV):
         st = ctx.state
-        w, V, _, _ = saved_tensors(ctx, st.dA.comm, "backward of slasolve.eigsh")
+        w, V, _, _ = saved
         with torch.no_grad(), _log.collect() as times:
             gA, gM = _eig_value_grads(st, w, V, gw, gV, ctx.needs_input_grad[0],
                                       ctx.has_M and ctx.needs_input_grad[1])

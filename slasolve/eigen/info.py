@@ -53,6 +53,12 @@ class EigenInfo:
     verify_rounds, verify_time:
         Number of deflated verification solves, and their seconds (included in
         ``solve_time``).
+    verify_method:
+        :func:`slasolve.eigsh`: how the multiplicity was verified: ``"inertia"``
+        (Sylvester inertia counts of LDL^T factorisations of ``A - tau I``: SLEPc
+        backend, ``sigma`` given, standard float64 problem, no gradient needed),
+        ``"deflation"`` (deflated re-solves), ``"block"`` / ``"dense"`` (a block or
+        dense method cannot lose copies), ``""`` when not verified.
     times:
         :func:`slasolve.eigsh`: this rank's wall-clock seconds per phase, each exclusive
         of the others: ``"check"`` (argument and symmetry checks, start vector),
@@ -79,6 +85,7 @@ class EigenInfo:
     refine_rounds: int = 0
     verify_rounds: int = 0
     verify_time: float = 0.0
+    verify_method: str = ""
     times: dict = field(default_factory=dict)
 
     @property

@@ -8,10 +8,17 @@
 * :mod:`slasolve.fem.mesh` -- :class:`Mesh` (each rank holds its owned cells, a
   contiguous range of owned nodes and its ghost nodes), :func:`box_mesh`
   (collective; generated in parallel, no global arrays), :func:`read_mesh`
-  (collective; meshio on rank 0 + partitioning), :func:`write_mesh`
+  (collective; XDMF read in parallel slices, other formats with meshio on rank 0), :func:`write_mesh`
   (collective; one VTU piece per rank plus a ``.pvtu`` index, or gathered),
   :func:`read_pvtu` (local; the pieces reassembled into one ``meshio.Mesh``),
   :func:`boundary_nodes` (local).
+* :mod:`slasolve.fem.xdmf` -- XDMF + HDF5 in parallel: :func:`write_xdmf` (mesh, tags,
+  fields, time series; every rank writes its share), the sliced reader behind
+  :func:`read_mesh` for ``.xdmf``, :func:`read_point_data` / :func:`read_cell_data`
+  (restart on any number of ranks), :func:`convert_mesh` (gmsh ``.msh`` and other
+  meshio formats to XDMF, once).
+* :mod:`slasolve.fem.distribute` -- parallel dual graph, partition (PT-Scotch, METIS,
+  block) and redistribution of a mesh read in slices; :func:`partition_quality`.
 * :mod:`slasolve.fem.assembly` -- :class:`Assembler` (alias :class:`FunctionSpace`;
   collective): precomputed distributed pattern, vectorised differentiable
   assembly of stiffness / mass / elasticity matrices and load vectors.
@@ -35,8 +42,13 @@ from .filters import BoxCells, DensityFilter, cell_laplacian  # noqa: E402
 __all__ += ["BoxCells", "DensityFilter", "cell_laplacian"]
 from .nullspace import rigid_body_modes  # noqa: E402
 __all__ += ["rigid_body_modes"]
-from .facets import BoundaryFacets, boundary_facets, neumann_load  # noqa: E402
+from .facets import BoundaryFacets, boundary_facets, neumann_load, tagged_facets, tagged_nodes  # noqa: E402
 from .nonlinear import NonlinearDiffusion, NonlinearProblem  # noqa: E402
 from .hyperelastic import NeoHookean  # noqa: E402
 __all__ += ["BoundaryFacets", "boundary_facets", "neumann_load", "NonlinearProblem", "NonlinearDiffusion",
             "NeoHookean"]
+from .mesh import FacetTags  # noqa: E402
+from .distribute import partition_quality  # noqa: E402
+from .xdmf import convert_mesh, read_cell_data, read_point_data, write_xdmf, xdmf_steps  # noqa: E402
+__all__ += ["tagged_facets", "tagged_nodes", "FacetTags", "partition_quality", "write_xdmf", "read_point_data", "read_cell_data", "xdmf_steps",
+            "convert_mesh"]

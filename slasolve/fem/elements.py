@@ -58,14 +58,13 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from .cells import CELL_DIM, CELL_TYPES, CELL_VERTICES
+
 __all__ = ["CELL_TYPES", "cell_dim", "n_vertices", "infer_cell", "stiffness", "mass",
            "load", "element_volume", "elasticity_stiffness", "elasticity_parts"]
 
 Coef = Union[float, int, torch.Tensor]
 
-CELL_TYPES = ("triangle", "quad", "tetra", "hexahedron")
-_DIM = {"triangle": 2, "quad": 2, "tetra": 3, "hexahedron": 3}
-_NV = {"triangle": 3, "quad": 4, "tetra": 4, "hexahedron": 8}
 
 _QUAD_VERTS = np.array([[0, 0], [1, 0], [1, 1], [0, 1]], dtype=np.float64)
 _HEX_VERTS = np.array([[0, 0, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0],
@@ -75,28 +74,28 @@ _HEX_VERTS = np.array([[0, 0, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0],
 def cell_dim(cell: str) -> int:
     """Local. Topological dimension of ``cell``."""
     _check_cell(cell)
-    return _DIM[cell]
+    return CELL_DIM[cell]
 
 
 def n_vertices(cell: str) -> int:
     """Local. Number of vertices of ``cell``."""
     _check_cell(cell)
-    return _NV[cell]
+    return CELL_VERTICES[cell]
 
 
 def infer_cell(nv: int, dim: int) -> str:
     """Local. The cell type with ``nv`` vertices in ``dim`` dimensions."""
     for c in CELL_TYPES:
-        if _NV[c] == nv and _DIM[c] == dim:
+        if CELL_VERTICES[c] == nv and CELL_DIM[c] == dim:
             return c
     raise ValueError(f"cannot infer the cell type of elements with {nv} vertices in {dim}-D; "
-                     f"supported: {', '.join(f'{c} ({_NV[c]} vertices, {_DIM[c]}-D)' for c in CELL_TYPES)}")
+                     f"supported: {', '.join(f'{c} ({CELL_VERTICES[c]} vertices, {CELL_DIM[c]}-D)' for c in CELL_TYPES)}")
 
 
 def _check_cell(cell) -> None:
     if not isinstance(cell, str):
         raise TypeError(f"cell must be a string, one of {CELL_TYPES}, got {type(cell).__name__}")
-    if cell not in _DIM:
+    if cell not in CELL_DIM:
         raise ValueError(f"cell must be one of {CELL_TYPES}, got {cell!r}")
 
 
@@ -189,8 +188,8 @@ def _check_coords(coords, cell: Optional[str]) -> str:
     if cell is None:
         cell = infer_cell(coords.shape[1], coords.shape[2])
     _check_cell(cell)
-    if coords.shape[1] != _NV[cell] or coords.shape[2] != _DIM[cell]:
-        raise ValueError(f"coords must have shape (E, {_NV[cell]}, {_DIM[cell]}) for cell {cell!r}, "
+    if coords.shape[1] != CELL_VERTICES[cell] or coords.shape[2] != CELL_DIM[cell]:
+        raise ValueError(f"coords must have shape (E, {CELL_VERTICES[cell]}, {CELL_DIM[cell]}) for cell {cell!r}, "
                          f"got {tuple(coords.shape)}")
     if not bool(torch.isfinite(coords.detach()).all()):
         raise ValueError("coords contains NaN or infinite values")
@@ -265,7 +264,7 @@ def _check_orientation(coords: torch.Tensor, cell: str, dNcheck: torch.Tensor) -
     with torch.no_grad():
         det = _det(_jacobians(coords, dNcheck))  # (E, nq')
         # relative tolerance: a degenerate element has det ~ 0 up to rounding
-        scale = (coords.amax(1) - coords.amin(1)).amax(-1) ** _DIM[cell]  # (E,)
+        scale = (coords.amax(1) - coords.amin(1)).amax(-1) ** CELL_DIM[cell]  # (E,)
         tol = 64 * torch.finfo(coords.dtype).eps * scale
         bad = (det <= tol[:, None]).any(1)
         nbad = int(bad.sum())
@@ -388,7 +387,7 @@ def elasticity_parts(coords: torch.Tensor, cell: Optional[str] = None):
     """Local. The two geometry-only parts ``(K_λ, K_μ)``, each ``(E, nv*dim, nv*dim)``, of the
     elasticity matrices: ``K = λ K_λ + μ K_μ`` for per-element ``λ, μ`` (node-major dofs)."""
     cell = _check_coords(coords, cell)
-    dim = _DIM[cell]
+    dim = CELL_DIM[cell]
     wdet, _, G = _geometry(coords, cell, "stiffness")
     E, nq, nv, _ = G.shape
     # K_λ[i a, j b] = Σ_q w G_ia G_jb ; K_μ[i a, j b] = Σ_q w (G_ib G_ja + δ_ab G_i·G_j)
@@ -406,7 +405,7 @@ def _elasticity_parts_blocked(coords: torch.Tensor, cell: str):
     """:func:`elasticity_parts` in the block-entry-major layout ``(dim, dim, E, nv, nv)``
     (``[a, b, e, i, j]`` = entry ``(i a, j b)``), written directly (no permuting copies)."""
     cell = _check_coords(coords, cell)
-    dim = _DIM[cell]
+    dim = CELL_DIM[cell]
     wdet, _, G = _geometry(coords, cell, "stiffness")
     E, nq, nv, _ = G.shape
     g = G.permute(3, 1, 0, 2)                         # (dim, nq, E, nv)
@@ -434,7 +433,7 @@ def elasticity_stiffness(coords: torch.Tensor, young: Coef, nu: Coef, cell: Opti
     cells (required), ``"3d"`` for 3-D cells (the default there).
     """
     cell = _check_coords(coords, cell)
-    dim = _DIM[cell]
+    dim = CELL_DIM[cell]
     try:
         kind, lam, mu = _elasticity_coefs(coords.shape[0], dim, young, nu, kind, coords)
     except ValueError as e:

@@ -29,9 +29,10 @@ import torch
 from .._comm import check_collective
 from . import elements as _el
 from .assembly import Assembler, _exchange, _reply
-from .mesh import _FACETS, Mesh
+from .cells import CELL_FACETS
+from .mesh import Mesh
 
-__all__ = ["BoundaryFacets", "boundary_facets", "neumann_load", "facet_rule"]
+__all__ = ["BoundaryFacets", "boundary_facets", "neumann_load", "facet_rule", "tagged_facets", "tagged_nodes"]
 
 Where = Optional[Callable[[torch.Tensor], torch.Tensor]]
 
@@ -136,7 +137,7 @@ class BoundaryFacets:
 
 
 def _facet_table(cell: str) -> torch.Tensor:
-    return torch.as_tensor(_FACETS[cell], dtype=torch.int64)
+    return torch.as_tensor(CELL_FACETS[cell], dtype=torch.int64)
 
 
 def _find_boundary(mesh: Mesh) -> BoundaryFacets:
@@ -284,6 +285,40 @@ def neumann_element_vectors(space: Assembler, g, facets: BoundaryFacets) -> torc
     slot = (facets.cells.to(dev)[:, None] * nv + facets.vertices.to(dev)).reshape(-1)
     buf = fe.new_zeros((E * nv, bs)).index_add(0, slot, fe.reshape(-1, bs))
     return buf.reshape(E, nv * bs)
+
+
+def tagged_facets(mesh: Union[Mesh, Assembler], value: int) -> BoundaryFacets:
+    """Collective. The boundary facets of this rank's cells whose facet tag
+    (``mesh.facet_tags``, e.g. a gmsh physical group) is ``value``: pass them to
+    :func:`neumann_load` as ``facets=``. A mesh without facet tags raises ``ValueError`` on
+    every rank; a value no facet has gives no facets."""
+    if isinstance(mesh, Assembler):
+        mesh = mesh.mesh
+    check_collective(mesh.comm, None if mesh.facet_tags is not None else ValueError(
+        "this mesh has no facet tags (read one with tags: slasolve.fem.read_mesh of an XDMF file)"))
+    bf = boundary_facets(mesh)
+    ft = mesh.facet_tags
+    nf = len(CELL_FACETS[mesh.cell_type])
+    sel = ft.values == int(value)
+    keys = (ft.cells[sel] * nf + ft.local_facet[sel]).numpy()
+    mask = np.isin((bf.cells * nf + bf.local_facet).numpy(), keys)
+    return bf.select(torch.from_numpy(mask))
+
+
+def tagged_nodes(mesh: Union[Mesh, Assembler], value: int) -> torch.Tensor:
+    """Collective. Sorted global ids of the *owned* nodes on the facets tagged ``value``
+    (e.g. for :class:`DirichletBC` on a physical group); the ranks holding the facets send
+    their nodes to the owners (one exchange)."""
+    from .distribute import _Exchange
+
+    if isinstance(mesh, Assembler):
+        mesh = mesh.mesh
+    nodes = torch.unique(tagged_facets(mesh, value).nodes).numpy()
+    comm = mesh.comm
+    starts = np.asarray([r[0] for r in comm.allgather(mesh.owned_range)], dtype=np.int64)
+    owner = np.searchsorted(starts, nodes, side="right") - 1
+    got = _Exchange(comm, nodes, owner).recv
+    return torch.from_numpy(np.unique(got).astype(np.int64))
 
 
 def neumann_load(space: Assembler, g=1.0, where: Where = None, *,

@@ -30,14 +30,15 @@ from mpi4py import MPI
 
 from .._comm import check_collective
 from ..dsparse import DSparseTensor
-from .mesh import _CELLS_PER_BOX, _HEX_BITS, _KUHN, _QUAD_BITS, _TRI_BITS, Mesh
+from .cells import CELLS_PER_BOX, HEX_BITS, KUHN_TETS, QUAD_BITS, TRI_BITS
+from .mesh import Mesh
 
 __all__ = ["BoxCells", "DensityFilter", "cell_laplacian"]
 
 
 def _pattern(cell: str) -> np.ndarray:
-    return {"triangle": _TRI_BITS, "quad": _QUAD_BITS[None], "tetra": _KUHN,
-            "hexahedron": _HEX_BITS[None]}[cell]
+    return {"triangle": TRI_BITS, "quad": QUAD_BITS[None], "tetra": KUHN_TETS,
+            "hexahedron": HEX_BITS[None]}[cell]
 
 
 class BoxCells:
@@ -69,7 +70,7 @@ class BoxCells:
         shape = (int(n),) * dim if isinstance(n, (int, np.integer)) else tuple(int(v) for v in n)
         self.comm, self.dim, self.cell = comm, dim, cell
         self.shape = shape
-        self.cells_per_box = _CELLS_PER_BOX[cell]
+        self.cells_per_box = CELLS_PER_BOX[cell]
         E = mesh.n_local_cells
         start = comm.exscan(E) if comm.Get_size() > 1 else 0
         start = int(start or 0)

@@ -12,8 +12,11 @@ rank ``r`` owns global nodes ``owned_range = [start, end)``. Each rank holds
   touch; the touched-but-not-owned ones are its ghosts (``ghost_node_ids()``);
 * ``node_coords``: their coordinates.
 
-No rank ever builds an array of global size in :func:`box_mesh`. :func:`read_mesh`
-reads on rank 0 and scatters, so it is for meshes that fit on one node.
+No rank ever builds an array of global size in :func:`box_mesh`, nor in
+:func:`read_mesh` for XDMF + HDF5 files (read in slices, partitioned and
+redistributed in parallel: :mod:`slasolve.fem.xdmf`, :mod:`slasolve.fem.distribute`);
+other formats are read with meshio on rank 0 and scattered, for meshes that fit on
+one node (convert them once with :func:`slasolve.fem.convert_mesh`).
 """
 from __future__ import annotations
 
@@ -25,10 +28,34 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from .._comm import check_collective, get_comm
-from .elements import CELL_TYPES, _DIM, _NV
+from .._comm import allreduce_int, check_collective, get_comm
+from .cells import (CELL_DIM, CELL_FACETS, CELL_TYPES, CELL_VERTICES, CELLS_PER_BOX, HEX_BITS, KUHN_TETS,
+                    MESHIO_DIM, ORIENTATION_FLIP, QUAD_BITS, TRI_BITS, signed_measure)
 
-__all__ = ["Mesh", "box_mesh", "boundary_nodes", "read_mesh", "write_mesh", "read_pvtu"]
+__all__ = ["Mesh", "FacetTags", "box_mesh", "boundary_nodes", "read_mesh", "write_mesh", "read_pvtu"]
+
+
+@dataclass
+class FacetTags:
+    """Tagged facets (physical groups of facets, e.g. boundary markers) of a rank's cells.
+
+    Each tagged facet is held by the rank of one cell that has it (for an interior facet,
+    the cell with the lower file index), as in :class:`slasolve.fem.BoundaryFacets`.
+
+    Attributes
+    ----------
+    cells : ``(k,)`` int64 local cell index (row of ``mesh.cells``).
+    local_facet : ``(k,)`` int64 which facet of that cell (index into the cell's facet list,
+        the same as ``BoundaryFacets.local_facet``).
+    values : ``(k,)`` int32 tag values.
+    """
+
+    cells: torch.Tensor
+    local_facet: torch.Tensor
+    values: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.cells.shape[0])
 
 
 @dataclass
@@ -52,6 +79,10 @@ class Mesh:
         read from a file), or ``None`` if unknown.
     original_ids : for :func:`read_mesh`, the index in the file's point array of
         each node in ``node_ids``; ``None`` for generated meshes.
+    original_cell_ids : for meshes read in parallel (XDMF), the index in the file's
+        cells of each local cell; ``None`` otherwise.
+    cell_tags : ``(n_local_cells,)`` int32 tag (physical group) of each local cell, or ``None``.
+    facet_tags : :class:`FacetTags` of the local cells, or ``None``.
     """
 
     comm: MPI.Comm
@@ -65,6 +96,9 @@ class Mesh:
     n_global_cells: int
     boundary_mask: Optional[torch.Tensor] = None
     original_ids: Optional[torch.Tensor] = field(default=None, repr=False)
+    original_cell_ids: Optional[torch.Tensor] = field(default=None, repr=False)
+    cell_tags: Optional[torch.Tensor] = field(default=None, repr=False)
+    facet_tags: Optional[FacetTags] = field(default=None, repr=False)
 
     # ---- local queries (no communication)
     @property
@@ -111,38 +145,13 @@ def _balanced_split(n: int, size: int) -> np.ndarray:
     return r * (n // size) + np.minimum(r, n % size)
 
 
-def _kuhn_tets() -> np.ndarray:
-    """The 6 Kuhn (Freudenthal) tetrahedra of the unit cube, as cube-vertex bit patterns,
-    each positively oriented. Vertex (a,b,c) is coded a + 2b + 4c."""
-    import itertools
-
-    tets = []
-    for p in itertools.permutations(range(3)):
-        v = np.zeros(3, dtype=np.int64)
-        path = [v.copy()]
-        for ax in p:
-            v[ax] = 1
-            path.append(v.copy())
-        P = np.array(path, dtype=np.float64)
-        if np.linalg.det((P[1:] - P[0]).T) < 0:
-            path[2], path[3] = path[3], path[2]
-        tets.append([int(q[0] + 2 * q[1] + 4 * q[2]) for q in path])
-    return np.array(tets, dtype=np.int64)
-
-
-_KUHN = _kuhn_tets()
-# cube / square vertices (bit patterns a + 2b (+ 4c)) in VTK order
-_QUAD_BITS = np.array([0, 1, 3, 2])
-_HEX_BITS = np.array([0, 1, 3, 2, 4, 5, 7, 6])
-_TRI_BITS = np.array([[0, 1, 3], [0, 3, 2]])  # both counter-clockwise, diagonal 0-3
-_CELLS_PER_BOX = {"triangle": 2, "quad": 1, "tetra": 6, "hexahedron": 1}
 
 
 def _box_args(n, lower, upper, cell, dtype, size):
     """Local. Validated ``(shape, lower, upper)`` of :func:`box_mesh`'s arguments."""
-    if not isinstance(cell, str) or cell not in _DIM:
+    if not isinstance(cell, str) or cell not in CELL_DIM:
         raise ValueError(f"cell must be one of {CELL_TYPES}, got {cell!r}")
-    dim = _DIM[cell]
+    dim = CELL_DIM[cell]
     if isinstance(n, (int, np.integer)) and not isinstance(n, bool):
         shape = (int(n),) * dim
     else:
@@ -209,7 +218,7 @@ def box_mesh(n: Union[int, Sequence[int]], lower: Optional[Sequence[float]] = No
                                        "cell": cell, "dtype": str(dtype)}
     check_collective(comm, err, agree=agree if err is None else {"n": "invalid"})
     shape, lo, hi = args
-    dim = _DIM[cell]
+    dim = CELL_DIM[cell]
 
     nn = np.array(shape) + 1                       # nodes per axis
     L = int(np.prod(nn[:-1]))                      # nodes per node layer
@@ -237,9 +246,9 @@ def box_mesh(n: Union[int, Sequence[int]], lower: Optional[Sequence[float]] = No
     base = sum(g.reshape(-1) * strides[d] for d, g in enumerate(grids))
     bits = np.arange(2 ** dim)
     corner = sum(((bits >> d) & 1) * strides[d] for d in range(dim))   # offset of each bit pattern
-    pattern = {"triangle": _TRI_BITS, "quad": _QUAD_BITS[None], "tetra": _KUHN,
-               "hexahedron": _HEX_BITS[None]}[cell]
-    cells = (base[:, None, None] + corner[pattern][None]).reshape(-1, _NV[cell])
+    pattern = {"triangle": TRI_BITS, "quad": QUAD_BITS[None], "tetra": KUHN_TETS,
+               "hexahedron": HEX_BITS[None]}[cell]
+    cells = (base[:, None, None] + corner[pattern][None]).reshape(-1, CELL_VERTICES[cell])
 
     return Mesh(comm=comm, cell_type=cell, dim=dim,
                 cells=torch.from_numpy(np.ascontiguousarray(cells)),
@@ -247,7 +256,7 @@ def box_mesh(n: Union[int, Sequence[int]], lower: Optional[Sequence[float]] = No
                 node_coords=torch.from_numpy(coords).to(dtype),
                 owned_range=(int(owned[0]), int(owned[1])),
                 n_global_nodes=int(np.prod(nn)),
-                n_global_cells=int(np.prod(shape)) * _CELLS_PER_BOX[cell],
+                n_global_cells=int(np.prod(shape)) * CELLS_PER_BOX[cell],
                 boundary_mask=torch.from_numpy(boundary))
 
 
@@ -277,36 +286,10 @@ def boundary_nodes(mesh: Mesh, where: Optional[Callable[[torch.Tensor], torch.Te
 
 
 # --------------------------------------------------------------------------- meshio input
-_MESHIO_DIM = {"vertex": 0, "line": 1, "line3": 1, "triangle": 2, "triangle6": 2, "quad": 2,
-               "quad8": 2, "quad9": 2, "polygon": 2, "tetra": 3, "tetra10": 3, "hexahedron": 3,
-               "hexahedron20": 3, "hexahedron27": 3, "wedge": 3, "wedge15": 3, "pyramid": 3,
-               "pyramid13": 3, "polyhedron": 3}
-# facets (for boundary detection) of each supported cell, in local vertex indices
-_FACETS = {
-    "triangle": [[0, 1], [1, 2], [2, 0]],
-    "quad": [[0, 1], [1, 2], [2, 3], [3, 0]],
-    "tetra": [[0, 1, 2], [0, 1, 3], [0, 2, 3], [1, 2, 3]],
-    "hexahedron": [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 5, 4], [1, 2, 6, 5], [2, 3, 7, 6], [3, 0, 4, 7]],
-}
-# reverses the orientation of a cell
-_FLIP = {"triangle": [0, 2, 1], "quad": [0, 3, 2, 1], "tetra": [0, 2, 1, 3],
-         "hexahedron": [0, 3, 2, 1, 4, 7, 6, 5]}
-
-
-def _signed_measure(points: np.ndarray, cells: np.ndarray, cell: str) -> np.ndarray:
-    """Sign-carrying size of each cell (determinant at vertex 0 along its edges)."""
-    x0 = points[cells[:, 0]]
-    if cell in ("triangle", "tetra"):
-        J = np.stack([points[cells[:, k]] - x0 for k in range(1, _DIM[cell] + 1)], axis=-1)
-    elif cell == "quad":
-        J = np.stack([points[cells[:, 1]] - x0, points[cells[:, 3]] - x0], axis=-1)
-    else:
-        J = np.stack([points[cells[:, 1]] - x0, points[cells[:, 3]] - x0, points[cells[:, 4]] - x0], axis=-1)
-    return np.linalg.det(J)
 
 
 def _boundary_points(cells: np.ndarray, cell: str, n_points: int) -> np.ndarray:
-    facets = np.concatenate([cells[:, f] for f in _FACETS[cell]], axis=0)
+    facets = np.concatenate([cells[:, f] for f in CELL_FACETS[cell]], axis=0)
     key = np.sort(facets, axis=1)
     _, inv, counts = np.unique(key, axis=0, return_inverse=True, return_counts=True)
     once = counts[inv.reshape(-1)] == 1
@@ -376,13 +359,13 @@ def _meshio_read(path: str):
                              f"format's suffix, e.g. .msh, .vtu, .vtk, .xdmf)") from None
         readers = [(f, reader_map[f]) for f in formats if f in reader_map]
     problems = []
-    from .. import _process
-    hint = _process._state.exit_status
+    from .._faults import exit_status, restore_exit_status
+    hint = exit_status()
     for fmt, reader in readers:
         try:
             return reader(path)
         except (Exception, SystemExit) as e:  # noqa: BLE001 - readers raise many types (even SystemExit)
-            _process._state.exit_status = hint   # a caught SystemExit is no exit
+            restore_exit_status(hint)   # a caught SystemExit is no exit
             cause = e.__cause__ or e.__context__
             detail = str(e) or (f"{type(cause).__name__}: {cause}" if cause is not None else "")
             problems.append(f"as {fmt}: {type(e).__name__}: {detail}".rstrip(": "))
@@ -401,13 +384,13 @@ def _read_and_distribute(path, size: int, partition: str):
     blocks = [(b.type, np.asarray(b.data)) for b in m.cells if len(b.data)]
     if not blocks:
         raise ValueError(f"read_mesh: {path!r} contains no cells")
-    tdim = max(_MESHIO_DIM.get(t, -1) for t, _ in blocks)
-    types = sorted({t for t, _ in blocks if _MESHIO_DIM.get(t, -1) == tdim})
-    if len(types) != 1 or types[0] not in _DIM:
+    tdim = max(MESHIO_DIM.get(t, -1) for t, _ in blocks)
+    types = sorted({t for t, _ in blocks if MESHIO_DIM.get(t, -1) == tdim})
+    if len(types) != 1 or types[0] not in CELL_DIM:
         raise ValueError(f"read_mesh: the highest-dimensional cells of {path!r} are {types}; "
                          f"supported: one of {CELL_TYPES}")
     cell = types[0]
-    dim = _DIM[cell]
+    dim = CELL_DIM[cell]
     cells = np.concatenate([d for t, d in blocks if t == cell]).astype(np.int64)
     points = np.asarray(m.points, dtype=np.float64)
     if points.ndim != 2 or points.shape[1] < dim:
@@ -430,8 +413,8 @@ def _read_and_distribute(path, size: int, partition: str):
     cells = np.searchsorted(used, cells)
     points = points[used]
     # positive orientation
-    neg = _signed_measure(points, cells, cell) < 0
-    cells[neg] = cells[neg][:, _FLIP[cell]]
+    neg = signed_measure(points, cells, cell) < 0
+    cells[neg] = cells[neg][:, ORIENTATION_FLIP[cell]]
     boundary = _boundary_points(cells, cell, n)
 
     parts = _partition_nodes(cells, points, size, partition)
@@ -456,16 +439,43 @@ def _read_and_distribute(path, size: int, partition: str):
     return meta, payloads
 
 
-def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, partition: str = "metis",
-              dtype: torch.dtype = torch.float64) -> Mesh:
-    """Collective. Read a mesh with meshio on rank 0 and distribute it.
+#: (suffixes, accepts(path) or None, reader(path, comm=, partition=, dtype=)) of the parallel
+#: readers :func:`read_mesh` dispatches to (registered by their modules: slasolve.fem.xdmf)
+_PARALLEL_READERS: list = []
 
+
+def register_mesh_reader(suffixes: Tuple[str, ...], reader: Callable[..., "Mesh"],
+                         accepts: Optional[Callable[[str], bool]] = None) -> None:
+    """Local. Make :func:`read_mesh` read files whose (lower-case) name ends with one of
+    ``suffixes`` with ``reader(path, comm=, partition=, dtype=)`` (collective), when
+    ``accepts(path)`` (local; default: always) is true on every rank; other files of those
+    suffixes keep meshio on rank 0. :mod:`slasolve.fem.xdmf` registers the XDMF reader."""
+    _PARALLEL_READERS.append((tuple(s.lower() for s in suffixes), accepts, reader))
+
+
+def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, partition: Optional[str] = None,
+              dtype: torch.dtype = torch.float64) -> Mesh:
+    """Collective. Read a mesh file and distribute it.
+
+    **XDMF + HDF5** (``.xdmf``; as written by :func:`slasolve.fem.write_xdmf`, DOLFINx or
+    meshio): read in parallel, every rank one contiguous slice of cells and points, then
+    partitioned in parallel and redistributed (:func:`slasolve.fem.xdmf.read_xdmf_mesh`:
+    ``partition`` ``None`` reuses the layout saved by ``write_xdmf`` on as many ranks, else
+    PT-Scotch through PETSc; ``"ptscotch"``, ``"metis"``, ``"block"``, ``"saved"``). Cell
+    tags (a ``Cell`` attribute ``cell_tags`` / ``gmsh:physical`` of the mesh grid) and facet
+    tags (a grid of the facet type with an attribute) are kept in ``mesh.cell_tags`` and
+    ``mesh.facet_tags``; ``mesh.original_ids`` / ``mesh.original_cell_ids`` give the
+    file's point / cell index of each local node / cell. Convert other formats once with
+    :func:`slasolve.fem.convert_mesh`.
+
+    **Other formats**, and XDMF files with several cell blocks (a ``Mixed`` topology) or
+    inline data (meshio on rank 0, for meshes that fit on one node): as follows.
     Rank 0 reads the file (only ``path`` on rank 0 is used) and keeps the block(s)
     of the highest-dimensional cell type (one of ``triangle``, ``quad``, ``tetra``,
     ``hexahedron``); points not used by those cells are dropped, and flat 2-D
     meshes stored with 3-D points lose the constant z. Cells are reoriented to
     positive orientation. Nodes are partitioned with ``partition`` (a method of
-    :func:`slasolve.partition.partition`: ``"metis"``, ``"rcb"``, ``"hilbert"``,
+    :func:`slasolve.partition.partition`: ``"metis"`` (default), ``"rcb"``, ``"hilbert"``,
     or ``"block"`` / ``"contiguous"`` to keep the file order) and renumbered so each rank owns a contiguous range; each
     cell goes to the owner of its smallest (renumbered) node id. Cells and the
     coordinates each rank needs are scattered from rank 0.
@@ -478,6 +488,15 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
     ``mesh.original_ids`` gives each local node's index in the file's points.
     """
     comm = get_comm(comm)
+    if isinstance(path, (str, os.PathLike)):
+        for suffixes, accepts, reader in _PARALLEL_READERS:
+            # a file the parallel reader does not take (meshio's XDMF with a Mixed topology or
+            # inline data) falls through to meshio on rank 0
+            if os.fspath(path).lower().endswith(suffixes) and allreduce_int(
+                    comm, int(accepts is None or bool(accepts(path))), op=MPI.MIN):
+                return reader(path, comm=comm, partition=partition, dtype=dtype)
+    if partition is None:
+        partition = "metis"
     rank, size = comm.Get_rank(), comm.Get_size()
     err = None
     if not isinstance(partition, str):

@@ -106,6 +106,7 @@ class NonlinearProblem:
         self.source = source
         self.block_jacobian = bool(block_jacobian)
         self._scalar_template = None
+        self._external_kept = None   # (data key, external load) while the data are plain numbers
         terms = [] if neumann is None else ([neumann] if isinstance(neumann, tuple) else list(neumann))
         self._neumann = []
         for g, where in terms:
@@ -173,7 +174,7 @@ class NonlinearProblem:
         (``None`` when there are none). Differentiable in tensor-valued data. Kept between
         calls while the data are plain numbers (decided alike on every rank: the data are)."""
         key = self._constant_data_key()
-        kept = self.__dict__.get("_external_kept")
+        kept = self._external_kept
         if key is not None and kept is not None and kept[0] == key:
             return kept[1]
         out = self._external()

@@ -10,7 +10,7 @@ that is above ``max(rtol ||b||, atol)``, continues from ``x`` with a tighter tol
 (within ``maxiter``), else reports ``DIVERGED_ITS``; the same for any KSP the options
 put on another norm. ``SolveInfo.residual_norm`` is then the true residual.
 
-The KSP is cached (see ``solve._solver``) and reused while only the right-hand
+The KSP is cached (see ``solve._solver``, the layout's ``"solvers"`` cache) and reused while only the right-hand
 side changes. Nothing a call asks for survives into the next call:
 
 * every per-call setting is set on every call: ``rtol``, ``atol``, ``max_it``
@@ -35,7 +35,7 @@ side changes. Nothing a call asks for survives into the next call:
   PETSc rebuilds the preconditioner on the next solve. For GAMG under
   ``reuse_pc=False`` slasolve sets ``-pc_gamg_reuse_interpolation false`` (unless the
   options database says otherwise; the default ``reuse_pc="auto"`` uses the
-  ``reuse_interpolation`` KSP below, with the checks of ``solve._with_reuse``): PETSc 3.18 otherwise keeps the old prolongators *and* the
+  ``reuse_interpolation`` KSP below, with the checks of ``reuse.with_reuse``): PETSc 3.18 otherwise keeps the old prolongators *and* the
   Chebyshev eigenvalue estimates made for the old matrix, which can give
   ``DIVERGED_INDEFINITE_PC`` after large value changes (SIMP densities).
 
@@ -77,14 +77,13 @@ from mpi4py import MPI
 from .. import _log
 from .._comm import allreduce_int, check_collective
 from ..petsc import PETSc, option_entries, temporary_options
+from ..registry import PRECONDITIONERS, krylov_method, petsc_method_name, preconditioner
+from .base import KrylovSolver
 from .info import REASONS, SolveInfo
 from .torch_methods import default_maxiter
 
-__all__ = ["PetscKrylov", "reason_name", "ksp_method_name"]
+__all__ = ["PetscKrylov", "reason_name", "configure_ksp", "configure_pc"]
 
-_KSP_TYPES = {"cg": "cg", "gmres": "gmres", "minres": "minres", "bicgstab": "bcgs"}
-_FROM_KSP = {v: k for k, v in _KSP_TYPES.items()}
-_SYMMETRIC = {"cg", "minres"}
 # KSP types that keep the last nonzero initial guess and add it to later solutions
 _GUESS_STATE = {"bcgs", "fbcgs", "fbcgsr", "pipebcgs"}
 # option defaults slasolve sets (only where the options database has no entry)
@@ -102,9 +101,10 @@ _ROUNDING_FLOOR = 1e3 * 2.220446049250313e-16  # x eps (||b|| + ||A x||)
 # x eps (||A||_inf ||x|| + ||b||): the normwise backward-error floor (SolveInfo.floor)
 _BACKWARD_FLOOR = 4 * 2.220446049250313e-16
 _FLOOR_CAP = 2.220446049250313e-16 ** 0.5      # x ||b||: the most a floor may accept
-_NEEDS_DIAGONAL = ("gamg", "ilu", "icc", "bjacobi", "asm", "sor")
-# preconditioners that read the operator's near-nullspace (hypre's BoomerAMG does not)
-_USES_NEAR_NULLSPACE = ("gamg", "ml")
+_NEEDS_DIAGONAL = tuple(p.petsc_type for p in PRECONDITIONERS.values() if p.needs_diagonal)
+# preconditioners that read the operator's near-nullspace (hypre's BoomerAMG does not; ML, reached
+# through petsc_options only, does)
+_USES_NEAR_NULLSPACE = tuple(p.petsc_type for p in PRECONDITIONERS.values() if p.uses_near_nullspace) + ("ml",)
 # options that override the keyword arguments: name -> (getter, key)
 _OVERRIDES = {"ksp_rtol": ("getReal", "rtol"), "ksp_atol": ("getReal", "atol"),
               "ksp_divtol": ("getReal", "divtol"), "ksp_max_it": ("getInt", "max_it")}
@@ -125,37 +125,28 @@ def reason_name(code: int) -> str:
     return name
 
 
-def ksp_method_name(ksp_type: str) -> str:
-    """Local. slasolve's name of a KSP type (``"bcgs"`` -> ``"bicgstab"``), else PETSc's."""
-    return _FROM_KSP.get(ksp_type, ksp_type)
+def configure_ksp(ksp, method: str, restart: int = 30) -> None:
+    """Local. The registered ``method``'s KSP type, preconditioning side and norm on ``ksp``:
+    the unpreconditioned residual norm (what ``rtol`` means) wherever PETSc supports it."""
+    m = krylov_method(method)
+    ksp.setType(m.petsc_type)
+    if m.restart:
+        ksp.setGMRESRestart(int(restart))
+    if m.pc_side == "right":
+        ksp.setPCSide(PETSc.PC.Side.RIGHT)
+    if m.unpreconditioned_norm:
+        ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)
 
 
-def _pc_entries(name: Optional[str], comm_size: int, method: str) -> dict:
-    """Option entries a named preconditioner needs (applied with the call's options)."""
-    if name in ("ilu", "icc") and comm_size > 1:
-        # PETSc's parallel ILU/ICC is block Jacobi with ILU/ICC sub-solves
-        return {"sub_pc_type": name}
-    if name == "asm" and method in _SYMMETRIC:
-        # PETSc's default restricted ASM is not symmetric: CG/MINRES stall with it
-        return {"pc_asm_type": "basic"}
-    return {}
-
-
-def _configure_pc(pc, name: Optional[str], comm_size: int) -> None:
-    name = "none" if name is None else name
-    if name in ("none", "jacobi", "asm", "gamg", "bjacobi"):
-        pc.setType(name)
-    elif name in ("ilu", "icc"):
-        pc.setType(name if comm_size == 1 else "bjacobi")
-    elif name == "hypre":
-        pc.setType("hypre")
-        pc.setHYPREType("boomeramg")
-    elif name in ("lu", "cholesky"):
-        pc.setType(name)
-        pc.setFactorSolverType("mumps")
-    else:
-        raise ValueError(f"pc {name!r} is not known to the petsc backend; use one of none, jacobi, "
-                         "bjacobi, ilu, icc, asm, gamg, hypre, lu, cholesky or a callable")
+def configure_pc(pc, name: Optional[str], comm_size: int) -> None:
+    """Local. The registered preconditioner ``name`` (None: none) on the PETSc PC ``pc``;
+    ``ValueError`` for a name the petsc backend does not know."""
+    spec = preconditioner(name, "petsc")
+    pc.setType(spec.parallel_petsc_type if comm_size > 1 and spec.parallel_petsc_type else spec.petsc_type)
+    if spec.hypre_type is not None:
+        pc.setHYPREType(spec.hypre_type)
+    if spec.factor_solver is not None:
+        pc.setFactorSolverType(spec.factor_solver)
 
 
 class _PyPC:
@@ -193,7 +184,7 @@ def _vec(t: torch.Tensor, n_global: int, comm):
     return PETSc.Vec().createWithArray(arr, size=(arr.shape[0], n_global), comm=comm)
 
 
-class PetscKrylov:
+class PetscKrylov(KrylovSolver):
     """Collective (constructor). A cached KSP for one operator layout and method.
 
     Configuration errors (unknown ``ksp_type`` in the options, a preconditioner PETSc
@@ -205,9 +196,10 @@ class PetscKrylov:
 
     def __init__(self, dA, method: str, pc, *, restart: int = 30, options_prefix: Optional[str] = None,
                  petsc_options: Optional[dict] = None, reuse_interpolation: bool = False):
-        if method not in _KSP_TYPES:
-            raise ValueError(f"method must be one of {sorted(_KSP_TYPES)}, got {method!r}")
+        super().__init__()
+        self.symmetric = krylov_method(method).symmetric
         self.method = method
+        self._diag_checked: dict = {}   # "main"/"T" -> (error, operator stamp) of the last diagonal check
         self.comm = dA.comm
         self.n_global = dA.global_shape[0] * (dA.local.block_shape[0] if dA.local.is_block else 1)
         t0 = time.perf_counter()
@@ -239,22 +231,16 @@ class PetscKrylov:
 
     def _configure(self, ksp, mat, dA, method, pc, restart, options_prefix, petsc_options):
         ksp.setOperators(mat)
-        ksp.setType(_KSP_TYPES[method])
+        configure_ksp(ksp, method, restart)
         if options_prefix:
             ksp.setOptionsPrefix(options_prefix)
-        if method == "gmres":
-            ksp.setGMRESRestart(int(restart))
         pcobj = ksp.getPC()
         if callable(pc):
             pcobj.setType("python")
             self._pyctx = _PyPC(pc, dA.n_local, dA.dtype)
             pcobj.setPythonContext(self._pyctx)
         else:
-            _configure_pc(pcobj, pc, self.comm.Get_size())
-        if method in ("gmres", "bicgstab"):
-            ksp.setPCSide(PETSc.PC.Side.RIGHT)
-        if method != "minres":
-            ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)
+            configure_pc(pcobj, pc, self.comm.Get_size())
         ksp.setMonitor(self._monitor)
         self._entries = self._option_entries(pc if isinstance(pc, str) else None, options_prefix,
                                              petsc_options)
@@ -283,7 +269,9 @@ class PetscKrylov:
     def _option_entries(self, pc_name, prefix, petsc_options) -> dict:
         user = option_entries(petsc_options)
         db = PETSc.Options(prefix)
-        entries = {k: v for k, v in {**self._defaults, **_pc_entries(pc_name, self.comm.Get_size(), self.method)}.items()
+        needed = preconditioner(pc_name, "petsc").petsc_entries(self.comm.Get_size(), self.method) \
+            if pc_name else {}
+        entries = {k: v for k, v in {**self._defaults, **needed}.items()
                    if not db.hasName(k)}
         entries.update(user)
         return entries
@@ -379,7 +367,7 @@ class PetscKrylov:
         # the diagonal check scans dA's values: skip it while the operator Mat is the one the
         # last check passed on, unchanged since (its PETSc state; the Mat is held, so its
         # handle is not reused) -- dA's values were written into it, so they are the same
-        checked = self.__dict__.setdefault("_diag_checked", {})
+        checked = self._diag_checked
         key = "main" if ksp is self.ksp else "T"
         op = ksp.getOperators()[0]
         stamp = (op.handle, op.stateGet(), ksp.getPC().getType())
@@ -424,7 +412,7 @@ class PetscKrylov:
         ksp = self.ksp if ksp is None else ksp
         return SolveInfo(converged=reason.startswith("CONVERGED") and reason != "CONVERGED_ITERATING",
                          reason=reason, iterations=its, residual_norm=rnorm, residual_history=history,
-                         setup_time=setup, solve_time=solve, method=ksp_method_name(self.ksp_type),
+                         setup_time=setup, solve_time=solve, method=petsc_method_name(self.ksp_type),
                          backend="petsc", rtol=rtol, atol=atol,
                          pc="callable" if self.pc_type == "python" else self.pc_type)
 
@@ -441,13 +429,13 @@ class PetscKrylov:
         """Local. True when :meth:`solve_transpose` runs the forward KSP on ``A`` itself
         (CG, MINRES), so an adjoint solve with the forward's right-hand side and initial
         guess repeats the forward solve."""
-        return self.method in _SYMMETRIC
+        return self.symmetric
 
     def _transpose_target(self, dA):
         """Collective. ``(ksp, transpose, reset_operators)`` for a solve with ``A^T``: the
         same KSP (CG/MINRES: ``A`` is symmetric; others: ``KSPSolveTranspose``) or the
         second KSP on the explicit transpose (refreshed when the values changed)."""
-        if self.method in _SYMMETRIC:
+        if self.symmetric:
             return self.ksp, False, True
         if not self._explicit_T and self.pc_type not in ("hypre", "python"):
             return self.ksp, True, True

@@ -1,4 +1,5 @@
-"""``solve``, ``cg``, ``gmres``, ``minres``, ``bicgstab``: differentiable distributed Krylov solves.
+"""``solve``, ``cg``, ``gmres``, ``minres``, ``bicgstab``, ``cgs``, ``tfqmr``: differentiable
+distributed Krylov solves.
 
 ``x = solve(A, b)`` is differentiable with respect to ``b`` and ``A``'s values by
 the adjoint method: the backward solves ``A^T lam = dL/dx`` with the same
@@ -7,54 +8,28 @@ solver (and preconditioner), then ``dL/db = lam`` and
 """
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections import OrderedDict
 from numbers import Integral, Real
 from typing import Callable, Optional, Tuple, Union
 
 import torch
-from mpi4py import MPI
 
 from .. import _log
-from .._comm import allreduce_int, check_collective, user_code
-from ..autograd import looks_symmetric, matvec_value_grad, saved_tensors
-from .info import ConvergenceError, SolveInfo
+from .._comm import check_collective, options_key, user_code
+from ..registry import BACKENDS, KRYLOV_METHODS, default_backend, solve_method, solve_method_names
+from .adjoint import AdjointSolve
+from .info import SolveInfo
+from .reuse import check_reuse, resolve_reuse
+from .runs import merge_infos
 from .torch_methods import default_maxiter
 from ..sparse import SparseTensor
-from .operator import as_row_shard
+from .operator import as_row_shard, needs_grad, operator_error, rhs_error
+from ..dtensor import dtensor_entry
 
-__all__ = ["solve", "cg", "gmres", "minres", "bicgstab", "default_backend"]
-
-_METHODS = ("cg", "gmres", "minres", "bicgstab")
-
-
-def default_backend() -> str:
-    """Local. ``"petsc"`` when petsc4py imports, else ``"torch"``."""
-    try:
-        import petsc4py  # noqa: F401
-        from petsc4py import PETSc  # noqa: F401
-        return "petsc"
-    except ImportError:
-        return "torch"
+__all__ = ["solve", "cg", "gmres", "minres", "bicgstab", "cgs", "tfqmr", "default_backend"]
 
 
 #: KSPs / native solvers kept per operator layout (least recently used evicted first)
 SOLVER_CACHE_SIZE = 8
-#: methods whose adjoint solve is the forward solve when A is symmetric (checked in the backward)
-_SYMMETRIC_METHODS = ("cg", "minres")
-
-#: ``reuse_pc`` modes besides ``False`` / ``True`` (``"auto"``, the default, picks one per call)
-REUSE_MODES = ("lagged", "interpolation")
-#: ``reuse_pc="lagged"`` / ``"interpolation"``: once a solve that reused the preconditioner
-#: needed more than ``LAG_GROWTH`` times the iterations of the solve right after the last full
-#: build, the next solve builds it afresh; a solve that reuses it is stopped after ``LAG_CAP``
-#: times those iterations and redone with the preconditioner built for its values
-#: after a solve that reused it had to be redone, the next 1, 3, 7, ... (at most
-#: ``LAG_BACKOFF_MAX``) forward solves build the preconditioner without trying the kept one
-LAG_GROWTH = 1.2
-LAG_CAP = 2.0
-LAG_BACKOFF_MAX = 15
 
 
 def _pc_key(pc):
@@ -71,20 +46,17 @@ def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reu
     ``PETSc.garbage_cleanup``, which runs (collectively) whenever a solver is created.
     A user callable preconditioner is keyed as ``"callable"`` and swapped in per call.
     """
-    L = dA._layout
-    cache = L.__dict__.get("solver_cache")
-    if not isinstance(cache, OrderedDict):
-        cache = L.__dict__["solver_cache"] = OrderedDict()
-    opts_key = tuple(sorted((str(k), repr(v)) for k, v in (petsc_options or {}).items()))
     # reuse_pc="interpolation" configures GAMG differently: a KSP of its own, never shared
     interp = reuse_pc == "interpolation" and backend == "petsc"
-    key = (backend, method, _pc_key(pc), int(restart), options_prefix, opts_key) + (("interp",) if interp else ())
-    solver = cache.get(key)
-    if solver is None:
-        err = None
+    key = (backend, method, _pc_key(pc), int(restart), options_prefix, options_key(petsc_options)) + \
+        (("interp",) if interp else ())
+
+    def build():
+        err = solver = None
         with _log.phase("setup", _log.event("slaSolverSetup")):
             if backend == "petsc":
-                _garbage_cleanup(dA.comm)
+                from ..petsc import garbage_cleanup
+                garbage_cleanup(dA.comm)
             try:
                 if backend == "petsc":
                     from .petsc_backend import PetscKrylov
@@ -96,252 +68,12 @@ def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reu
             except (ValueError, TypeError, ImportError) as e:
                 err = e
             check_collective(dA.comm, err)
-        cache[key] = solver
-        while len(cache) > SOLVER_CACHE_SIZE:
-            cache.popitem(last=False)
-    else:
-        cache.move_to_end(key)
+        return solver
+
+    solver = dA._layout.cached("solvers", key, build, SOLVER_CACHE_SIZE)
     if callable(pc):
         solver.set_callable(pc)
     return solver
-
-
-def _garbage_cleanup(comm) -> None:
-    """Collective. Destroy PETSc objects whose Python owners are gone (petsc4py >= 3.18
-    defers destroying parallel objects to this collective point)."""
-    from ..petsc import PETSc
-    cleanup = getattr(PETSc, "garbage_cleanup", None)
-    if cleanup is not None:
-        cleanup(comm)
-
-
-def _raise_if_failed(info: SolveInfo, raise_on_fail: bool, what: str = "") -> None:
-    # info is identical on every rank (decided from reduced scalars / PETSc's
-    # global reason), so every rank raises together
-    if raise_on_fail and not info.converged:
-        raise ConvergenceError(info, None if not what else
-                               f"{what}: {info.method} did not converge: {info.reason} after "
-                               f"{info.iterations} iterations, residual norm {info.residual_norm:.3e}")
-
-
-def _merge(infos):
-    if len(infos) == 1:
-        return infos[0]
-    worst = next((i for i in infos if not i.converged), infos[-1])
-    out = SolveInfo(converged=all(i.converged for i in infos), reason=worst.reason,
-                    iterations=max(i.iterations for i in infos),
-                    residual_norm=max(i.residual_norm for i in infos),
-                    setup_time=sum(i.setup_time for i in infos), solve_time=sum(i.solve_time for i in infos),
-                    method=worst.method, backend=worst.backend, rtol=worst.rtol, atol=worst.atol,
-                    pc=worst.pc)
-    keys = dict.fromkeys(k for i in infos for k in i.times)
-    out.times = {k: sum(i.times.get(k, 0.0) for i in infos) for k in keys}
-    out.per_rhs = infos
-    out.floor = max((i.floor for i in infos if i.floor is not None), default=None)
-    return out
-
-
-def _columns(solve_one, b, x0, solve_many=None):
-    """Solve column by column for ``b`` of shape ``(n, k)``, or all columns in one call
-    with ``solve_many(b, x0) -> (x, [SolveInfo per column])`` (the petsc backend)."""
-    if b.dim() == 1:
-        return solve_one(b, x0)
-    if solve_many is not None:
-        x, infos = solve_many(b, x0)
-        return x, _merge(infos)
-    xs, infos = [], []
-    for j in range(b.shape[1]):
-        x, info = solve_one(b[:, j].contiguous(), None if x0 is None else x0[:, j].contiguous())
-        xs.append(x)
-        infos.append(info)
-    return torch.stack(xs, 1), _merge(infos)
-
-
-def _with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None, tol=None):
-    """Collective. ``run(reuse, other_solver=None, maxiter=None) -> (x, info)`` under the
-    ``reuse_pc`` mode ``mode``; ``reuse`` is PETSc's ``KSPSetReusePreconditioner`` flag for
-    the call, ``maxiter`` (if given) replaces the call's, whose value is ``limit``.
-
-    Whatever the mode, a reusing solve that does not converge is solved again, from the
-    same initial guess, with the preconditioner built from scratch for the current values
-    (and if that fails too and ``fallback()`` gives one, by the default-mode solver: the
-    interpolation mode's KSP is configured differently). So reuse changes iteration counts
-    and set-up times, never the answer, nor whether the call raises.
-
-    ``"lagged"`` and ``"interpolation"`` remember ``base``, the iterations of the forward
-    solve right after the last full build. A forward solve that reuses and needs more than
-    ``LAG_GROWTH * base`` iterations makes the next forward solve build afresh; it is capped
-    at ``ceil(LAG_CAP * base)`` iterations (within ``limit``): a preconditioner that cannot
-    do that well is rebuilt at once and the solve redone, so a stale one costs at most that
-    many iterations; after such a redo the next 1, 3, 7, ... (consecutive failures; at most
-    ``LAG_BACKOFF_MAX``) forward solves build without trying the kept one, so a loop whose
-    values jump at every step does not pay the cap at every step. ``"lagged"`` keeps the whole preconditioner (the reuse flag);
-    ``"interpolation"`` passes no flag (its GAMG recomputes all but the prolongators) and
-    builds from scratch with ``reset_pc``. ``True`` keeps it without a cap (PETSc's
-    semantics). The adjoint (``forward=False``) runs, uncapped, with whatever the forward
-    left (same values: nothing is set up). Decisions use global quantities only (iteration
-    counts, convergence), the same on every rank. Iteration counts are compared only between
-    solves with the same tolerances ``tol`` (``(rtol, atol)``): a solve with other tolerances
-    reuses what is kept, uncapped, and neither judges nor resets ``base``.
-    """
-    if mode is False:  # a default call forgets the rule's state (it rebuilds for new values)
-        solver.__dict__.pop("_reuse_state", None)
-        return run(False)
-    state = solver.__dict__.setdefault("_reuse_state", {})
-    reset = getattr(solver, "reset_pc", None)
-    base = state.get("base")
-    comparable = state.get("tol") == tol   # iteration counts at other tolerances say nothing
-    built, cap = False, None
-    if forward and mode in REUSE_MODES:
-        if base is None or state.get("skip", 0) > 0:
-            state["skip"] = max(state.get("skip", 0) - 1, 0)
-            if mode == "interpolation" and state.get("used") and reset is not None:
-                reset()  # prolongators from scratch for these values
-            built = True
-        elif comparable:
-            cap = min(limit, math.ceil(LAG_CAP * max(base, 1)))
-    x, info = run(mode is True or (mode == "lagged" and not built), None, cap)
-    state["used"] = True
-    retried, discarded = False, 0
-    if not info.converged:
-        if reset is not None:
-            reset()
-        x2, info2 = run(False)
-        if not info2.converged and fallback is not None:
-            x2, info2 = run(False, fallback())
-        x, info, built, retried, discarded = x2, info2, True, True, info.iterations
-    if cap is not None:  # back off after a kept preconditioner failed: the next 1, 3, 7, ... build
-        state["fails"] = state.get("fails", 0) + 1 if retried else 0
-        state["skip"] = min(2 ** state["fails"] - 1, LAG_BACKOFF_MAX)
-    if built and forward and mode in REUSE_MODES:
-        state["base"], state["tol"] = info.iterations, tol
-    elif forward and mode in REUSE_MODES and base is not None and comparable and \
-            info.iterations > LAG_GROWTH * max(base, 1):
-        state.pop("base", None)  # slower than LAG_GROWTH x base: the next forward builds afresh
-    elif built:
-        state.pop("base", None)  # built in the backward (or under True): the next forward starts over
-    info.pc_reuse = {"mode": mode, "rebuilt": built, "retried": retried, "discarded_iterations": discarded}
-    return x, info
-
-
-# solve options that are not keyword arguments of the backends' solve methods
-_NOT_SOLVER_KW = ("raise_on_fail", "pc_fn", "reuse_pc", "warm", "fallback", "limit", "transpose_solver")
-
-
-class _AdjointSolve(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, values, b, dA, solver, opts, x0, out):
-        kw = {k: v for k, v in opts.items() if k not in _NOT_SOLVER_KW}
-        if opts["warm"]:
-            x0 = _previous(solver, "x", b)
-
-        def run(reuse, s=None, maxiter=None):
-            s = solver if s is None else s
-            k = kw if maxiter is None else dict(kw, maxiter=maxiter)
-            many = getattr(s, "solve_many", None)
-            return _columns(lambda bj, x0j: s.solve(dA, bj, x0j, reuse_pc=reuse, **k), b, x0,
-                            None if many is None else lambda B, X0: many(dA, B, X0, reuse_pc=reuse, **k))
-        x, info = _with_reuse(solver, run, opts["reuse_pc"], True, opts["limit"], opts.get("fallback"),
-                              (opts["rtol"], opts["atol"]))
-        if opts["warm"]:
-            _remember(solver, "x", x)
-        out["info"] = info
-        _raise_if_failed(info, opts["raise_on_fail"])
-        ctx.dA, ctx.solver, ctx.opts, ctx.info = dA, solver, opts, info
-        # the system the backward may find it is asked to solve again (decided alike on every rank)
-        ctx.forward_system = None
-        if any(ctx.needs_input_grad[:2]) and getattr(solver, "transpose_is_forward", False) and info.converged \
-                and opts.get("pc_fn") is None and not (info.pc_reuse or {}).get("retried"):
-            ctx.forward_system = (b.detach().clone(), None if x0 is None else x0.detach().clone())
-        # values saved too: changed in place before the backward they raise (on every rank)
-        ctx.save_for_backward(x, values)
-        return x
-
-    @staticmethod
-    def backward(ctx, g):
-        if torch.is_grad_enabled():
-            # create_graph=True: the adjoint solve below is not recorded, so any second
-            # derivative would silently miss the solve's terms. torch's once_differentiable
-            # does not help here: its error node is only reached by .backward(), not by
-            # autograd.grad(..., inputs) (Hessian-vector products), so raise now.
-            raise RuntimeError("slasolve.solve is differentiable once: second derivatives through a "
-                               "solve are not implemented (backward with create_graph=True)")
-        x, _ = saved_tensors(ctx, ctx.dA.comm, "backward of slasolve.solve")
-        if ctx.opts.get("pc_fn") is not None:  # the cached solver may have another callable now
-            ctx.solver.set_callable(ctx.opts["pc_fn"])
-        kw = {k: v for k, v in ctx.opts.items() if k not in _NOT_SOLVER_KW}
-        kw.update(callback=None, record_history=False)
-        with _log.stage("slaAdjoint"), _log.event("slaAdjoint"), _log.collect() as times:
-            solver, warm = ctx.solver, ctx.opts["warm"]
-            g = g.contiguous()
-            l0 = _previous(solver, "lam", g) if warm else None
-            transposed = "transpose_solver" in ctx.opts and not looks_symmetric(ctx.dA)
-            if transposed:
-                # CG/MINRES converged on a matrix that is not symmetric (e.g. Dirichlet rows
-                # eliminated on one side only): A^{-1} g would be the wrong adjoint. Solve
-                # A^T lam = g with GMRES and the same preconditioner instead.
-                solver, warm, l0 = ctx.opts["transpose_solver"](), False, None
-            if not transposed and _repeats_forward(ctx, g, l0):  # the forward's solve of this system, from this start
-                lam = x.detach().clone()
-                info = dataclasses.replace(ctx.info, iterations=0, residual_history=None, setup_time=0.0,
-                                           solve_time=0.0, times={}, adjoint=None, per_rhs=None,
-                                           same_as_forward=True)
-            else:
-                def run(reuse, s=None, maxiter=None):
-                    s = solver if s is None else s
-                    k = kw if maxiter is None else dict(kw, maxiter=maxiter)
-                    many = getattr(s, "solve_transpose_many", None)
-                    return _columns(lambda gj, l0j: s.solve_transpose(ctx.dA, gj.contiguous(), x0=l0j,
-                                                                      reuse_pc=reuse, **k), g, l0,
-                                    None if many is None else lambda G, L0: many(ctx.dA, G, x0=L0,
-                                                                                  reuse_pc=reuse, **k))
-                lam, info = _with_reuse(solver, run, ctx.opts["reuse_pc"] if not transposed else False, False,
-                                        ctx.opts["limit"], None if transposed else ctx.opts.get("fallback"))
-            if warm:
-                _remember(solver, "lam", lam)
-        info.times = times
-        ctx.info.adjoint = info    # reachable from the forward's SolveInfo
-        ctx.info.times["adjoint"] = ctx.info.times.get("adjoint", 0.0) + times["total"]
-        _raise_if_failed(info, True, "adjoint solve in backward")
-        gb = lam if ctx.needs_input_grad[1] else None
-        gv = matvec_value_grad(ctx.dA, -lam, x) if ctx.needs_input_grad[0] else None
-        return gv, gb, None, None, None, None, None
-
-
-def _repeats_forward(ctx, g, l0) -> bool:
-    """Collective. True on every rank when the adjoint solve ``A^T lam = g`` would repeat the
-    forward solve exactly: the backend solves it with the forward's KSP on ``A`` itself
-    (CG, MINRES: ``A`` is symmetric, ``transpose_is_forward``), the forward converged
-    without a retry, and on every rank ``g`` equals the forward's ``b`` and the adjoint's
-    initial guess the forward's (both zero, or equal ``x0="previous"`` iterates). The
-    compliance ``f . u`` of topology optimisation is such a case. One Allreduce."""
-    fwd = getattr(ctx, "forward_system", None)
-    if fwd is None:  # decided in the forward from global facts: the same on every rank
-        return False
-    b, x0 = fwd
-    same = g.shape == b.shape and g.dtype == b.dtype and torch.equal(g, b) and \
-        ((x0 is None and l0 is None) or (x0 is not None and l0 is not None and x0.shape == l0.shape
-                                         and torch.equal(x0, l0)))
-    return bool(allreduce_int(ctx.dA.comm, int(same), MPI.MIN))
-
-
-def _previous(solver, what, b):
-    """Local. The last solution ``what`` (``"x"``, adjoint ``"lam"``) this solver gave for a
-    right-hand side shaped like ``b`` under ``x0="previous"``, or None. Every rank finds
-    one or none alike: the cache and the call sequence are the same on every rank."""
-    prev = solver.__dict__.get("_previous", {}).get(what)
-    if prev is None or prev.shape != b.shape or prev.dtype != b.dtype or prev.device != b.device:
-        return None
-    return prev
-
-
-def _remember(solver, what, x) -> None:
-    solver.__dict__.setdefault("_previous", {})[what] = x.detach().clone()
-
-
-def _needs_grad(t) -> bool:
-    """Local. Whether ``t`` takes part in a backward of this call (grad mode on and it requires grad)."""
-    return isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled()
 
 
 def _is_int(v) -> bool:
@@ -355,10 +87,10 @@ def _is_real(v) -> bool:
 
 def _check_settings(method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options, options_prefix):
     """Local. The first problem with the scalar settings, or None."""
-    if method not in _METHODS:
-        return ValueError(f"method must be one of {_METHODS}, got {method!r}")
-    if backend not in ("petsc", "torch"):
-        return ValueError(f"backend must be 'petsc' or 'torch', got {backend!r}")
+    if method not in KRYLOV_METHODS:
+        return ValueError(f"method must be one of {solve_method_names()}, got {method!r}")
+    if backend not in BACKENDS:
+        return ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if M is not None and pc is not None:
         return ValueError("give the preconditioner as pc or as M, not both")
     p = M if M is not None else pc
@@ -382,50 +114,6 @@ def _check_settings(method, backend, pc, M, rtol, atol, maxiter, restart, petsc_
     return None
 
 
-def _check_operator(dA):
-    """Local. The first problem with the operator, or None."""
-    if dA.dtype.is_complex:
-        return TypeError(f"complex matrices are not supported (A has dtype {dA.dtype}); solve the "
-                         "equivalent real system of twice the size")
-    if not dA.dtype.is_floating_point:
-        return TypeError(f"A must have a real floating dtype, got {dA.dtype}")
-    L = dA._layout
-    shape = tuple(dA.global_shape[:2])
-    if shape[0] != shape[1] or L.br != L.bc:
-        return ValueError(f"A must be square, got global shape {tuple(dA.global_shape)}")
-    if (L.rstart, L.rend) != (L.cstart, L.cend):
-        return ValueError(f"A's owned rows [{L.rstart}, {L.rend}) and owned columns [{L.cstart}, {L.cend}) "
-                          "differ on this rank; solvers need the same row and column ownership")
-    return None
-
-
-def _check_rhs(dA, b, x0):
-    """Local. The first problem with ``b`` / ``x0``, or None."""
-    n = dA.n_local
-    if not isinstance(b, torch.Tensor):
-        return TypeError(f"b must be a torch.Tensor of this rank's owned rows, got {type(b).__name__}")
-    if b.is_complex():
-        return TypeError(f"complex right-hand sides are not supported (b has dtype {b.dtype}); "
-                         "solve the real and imaginary parts separately")
-    if b.dim() not in (1, 2) or b.shape[0] != n:
-        return ValueError(f"b must have shape ({n},) or ({n}, k) (this rank's owned rows), "
-                          f"got {tuple(b.shape)}")
-    if b.dim() == 2 and b.shape[1] == 0:
-        return ValueError("b has no columns (shape (n, 0)): nothing to solve")
-    if b.dtype != dA.dtype:
-        return TypeError(f"b has dtype {b.dtype}, the matrix {dA.dtype}")
-    if isinstance(x0, str):
-        if x0 != "previous":
-            return ValueError(f"x0 must be a tensor, None or 'previous', got {x0!r}")
-    elif x0 is not None:
-        if not isinstance(x0, torch.Tensor) or x0.shape != b.shape:
-            return ValueError(f"x0 must be a tensor shaped like b {tuple(b.shape)}, got "
-                              f"{tuple(x0.shape) if isinstance(x0, torch.Tensor) else type(x0).__name__}")
-        if x0.is_complex():
-            return TypeError(f"complex x0 is not supported (dtype {x0.dtype})")
-    return None
-
-
 def _check_near_nullspace(dA, Z):
     """Local. The first problem with ``near_nullspace``, or None."""
     if Z is None:
@@ -443,24 +131,6 @@ def _check_near_nullspace(dA, Z):
     return None
 
 
-def _check_reuse(reuse_pc):
-    """Local. The problem with ``reuse_pc``, or None."""
-    if isinstance(reuse_pc, bool) or (isinstance(reuse_pc, str) and reuse_pc in REUSE_MODES + ("auto",)):
-        return None
-    return ValueError(f"reuse_pc must be 'auto', False, True, 'lagged' or 'interpolation', got {reuse_pc!r}")
-
-
-def _resolve_reuse(reuse_pc, backend: str, pc):
-    """Local. The mode ``reuse_pc="auto"`` stands for: ``"interpolation"`` for GAMG on the
-    petsc backend (the prolongators kept across value changes, checked and rebuilt by
-    :func:`_with_reuse`'s rules), else ``False``; any other value as given."""
-    if reuse_pc == "auto":
-        return "interpolation" if backend == "petsc" and pc == "gamg" else False
-    if reuse_pc == "interpolation" and backend != "petsc":
-        return False  # no prolongators to keep
-    return reuse_pc
-
-
 def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options,
               options_prefix, return_info, raise_on_fail, reuse_pc, near_nullspace=None):
     """Collective. Normalise ``A`` and check every argument with ONE check_collective,
@@ -474,9 +144,9 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
         err = e
     comm = A.comm if isinstance(A, DSparseTensor) else (dA.comm if dA is not None else MPI.COMM_SELF)
     err = err or _check_settings(method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options,
-                                 options_prefix) or _check_reuse(reuse_pc)
+                                 options_prefix) or check_reuse(reuse_pc)
     if err is None:
-        err = _check_operator(dA) or _check_rhs(dA, b, x0) or _check_near_nullspace(dA, near_nullspace)
+        err = operator_error(dA) or rhs_error(dA, b, x0) or _check_near_nullspace(dA, near_nullspace)
     p = M if M is not None else pc
     agree = {"method": method, "backend": backend,
              "pc": "callable" if callable(p) else p,
@@ -491,11 +161,10 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
              "near_nullspace columns": None if near_nullspace is None else
              (near_nullspace.shape[-1] if isinstance(near_nullspace, torch.Tensor) else "given"),
              "options_prefix": options_prefix,
-             "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
-             if isinstance(petsc_options, dict) else repr(petsc_options),
+             "petsc_options": options_key(petsc_options),
              # a graph on some ranks only would leave those ranks alone in the backward's adjoint
-             "A's values require grad": _needs_grad(dA.values if dA is not None else None),
-             "b requires grad": _needs_grad(b)}
+             "A's values require grad": needs_grad(dA.values if dA is not None else None),
+             "b requires grad": needs_grad(b)}
     check_collective(comm, err, agree=agree)
     return dA
 
@@ -509,6 +178,7 @@ def _progress_callback(comm, every: int, user_cb):
     return cb
 
 
+@dtensor_entry("solve")
 def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = None, rtol: float = 1e-5,
           atol: float = 0.0, maxiter: Optional[int] = None, x0: Union[torch.Tensor, str, None] = None,
           pc: Union[str, Callable, None] = None, M: Optional[Callable] = None, restart: int = 30,
@@ -532,8 +202,8 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         reason, the largest iteration count and residual). The petsc backend solves the
         columns in one call (set-up, checks and the true-residual verification once for
         all; the adjoint too); the torch backend loops over them.
-    method : {"cg", "gmres", "minres", "bicgstab", "direct"}
-        ``"direct"``: sparse LU / Cholesky (:func:`slasolve.spsolve`; ``pc`` = None, ``"lu"``
+    method : {"cg", "gmres", "minres", "bicgstab", "cgs", "tfqmr", "direct"}
+        The Krylov methods of :data:`slasolve.registry.KRYLOV_METHODS`. ``"direct"``: sparse LU / Cholesky (:func:`slasolve.spsolve`; ``pc`` = None, ``"lu"``
         or ``"cholesky"`` picks the factorisation; tolerances, ``x0`` are ignored).
     backend : {"petsc", "torch"}, optional
         Default ``"petsc"`` when petsc4py imports.
@@ -555,8 +225,9 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         of the backward likewise starts from the previous adjoint solution. The stopping
         test is unchanged, so the answer differs from a cold start only within tolerance.
     pc, M
-        Preconditioner name (``none, jacobi, bjacobi, ilu, icc, asm, gamg, hypre, lu,
-        cholesky``; the torch backend has ``none, jacobi, bjacobi, ilu, icc``) or a callable
+        Preconditioner name (:data:`slasolve.registry.PRECONDITIONERS`: ``none, jacobi,
+        bjacobi, ilu, icc, sor, asm, gamg, hypre, lu, cholesky``; the torch backend has
+        ``none, jacobi, bjacobi, ilu, icc``) or a callable
         ``z = M(r)`` on owned rows. ``M`` is SciPy's name for the same argument.
     callback : callable(iteration, residual_norm), optional
         Called on every rank after each iteration.
@@ -663,10 +334,10 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
                               options_prefix=options_prefix, record_history=record_history,
                               progress=progress, reuse_pc=reuse_pc, near_nullspace=near_nullspace)
     backend = default_backend() if backend is None else backend
-    if method == "direct":  # sparse LU / Cholesky: slasolve.direct (validates collectively)
-        from ..direct.api import _solve_direct
-        return _solve_direct(A, b, backend=backend, pc=M if M is not None else pc, return_info=return_info,
-                             petsc_options=petsc_options)
+    handler = solve_method(method)   # "direct": slasolve.direct's sparse LU / Cholesky (validates)
+    if handler is not None:
+        return handler(A, b, backend=backend, pc=M if M is not None else pc, return_info=return_info,
+                       petsc_options=petsc_options)
     # stage / event / phase times (slasolve._log): local bookkeeping, no communication
     with _log.stage("slaSolve"), _log.event("slaSolve"), _log.collect() as times:
         with _log.phase("check"):
@@ -681,7 +352,7 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
             pc = user_code(dA.comm, pc, "preconditioner")
         if progress:
             callback = _progress_callback(dA.comm, 10 if progress is True else int(progress), callback)
-        reuse_pc = _resolve_reuse(reuse_pc, backend, pc)
+        reuse_pc = resolve_reuse(reuse_pc, backend, pc)
         solver = _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reuse_pc)
         opts = dict(rtol=float(rtol), atol=float(atol), maxiter=None if maxiter is None else int(maxiter),
                     callback=callback, record_history=record_history, raise_on_fail=raise_on_fail,
@@ -692,17 +363,17 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
             if maxiter is None else int(maxiter)
         opts["maxiter"] = opts["limit"]
         if isinstance(x0, str):
-            x0 = None  # the previous solution, looked up in _AdjointSolve
+            x0 = None  # the previous solution, looked up in AdjointSolve
         if reuse_pc == "interpolation" and backend == "petsc":  # last resort: the default-mode KSP
             opts["fallback"] = lambda: _solver(dA, method, backend, pc, restart, options_prefix, petsc_options)
-        if method in _SYMMETRIC_METHODS:  # the adjoint of a matrix that turns out nonsymmetric
+        if KRYLOV_METHODS[method].symmetric:  # the adjoint of a matrix that turns out nonsymmetric
             opts["transpose_solver"] = lambda: _solver(dA, "gmres", backend, pc, restart, options_prefix,
                                                        petsc_options)
         if near_nullspace is not None and backend == "petsc":  # a hint only the petsc backend uses
             opts["near_nullspace"] = near_nullspace
         out: dict = {}
         try:
-            x = _AdjointSolve.apply(dA.values, b, dA, solver, opts, x0, out)
+            x = AdjointSolve.apply(dA.values, b, dA, solver, opts, x0, out)
         finally:
             if "info" in out:
                 out["info"].times = times    # "total" is added when the block ends
@@ -729,7 +400,7 @@ def _solve_batched(A, b, method, *, x0, return_info, **kw):
         xs.append(x)
         infos.append(info)
     x = torch.stack(xs, 0).reshape(b.shape)
-    return (x, _merge(infos)) if return_info else x
+    return (x, merge_infos(infos)) if return_info else x
 
 
 def _method(name: str):
@@ -750,6 +421,8 @@ cg = _method("cg")
 gmres = _method("gmres")
 minres = _method("minres")
 bicgstab = _method("bicgstab")
+cgs = _method("cgs")
+tfqmr = _method("tfqmr")
 cg.__doc__ += """
 
     Examples

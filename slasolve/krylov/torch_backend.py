@@ -14,13 +14,20 @@ import torch
 
 from .. import _log
 from .._comm import check_collective
+from ..registry import krylov_method, preconditioner
 from . import torch_methods, torch_operator, torch_pc
+from .base import KrylovSolver
 
-__all__ = ["TorchKrylov"]
+__all__ = ["TorchKrylov", "torch_kernel"]
 
-_METHODS = {"cg": torch_methods.cg, "gmres": torch_methods.gmres, "minres": torch_methods.minres,
-            "bicgstab": torch_methods.bicgstab}
-_SYMMETRIC = {"cg", "minres"}
+
+def torch_kernel(method: str):
+    """Local. The kernel of :mod:`slasolve.krylov.torch_methods` for the registered ``method``;
+    ``ValueError`` when it runs on the petsc backend only."""
+    m = krylov_method(method)
+    if m.torch_kernel is None:
+        raise ValueError(f"method {method!r} is not available in the torch backend (use backend='petsc')")
+    return getattr(torch_methods, m.torch_kernel)
 
 
 def _jacobi(d: torch.Tensor, have: torch.Tensor):
@@ -50,14 +57,11 @@ def _build_pc(dA, pc, transpose: bool, diag=None):
         return torch_pc.block_jacobi_ilu(ip, ix, v, n, kind="ilu0")
     if pc == "icc":
         return torch_pc.block_jacobi_ilu(ip, ix, v, n, kind="ic0")
-    raise ValueError(f"pc {pc!r} is not available in the torch backend; use none, jacobi, bjacobi, "
-                     "ilu, icc or a callable (or backend='petsc' for gamg, hypre, asm, lu)")
+    preconditioner(pc, "torch")   # raises, naming the torch backend's preconditioners
+    raise AssertionError(f"pc {pc!r} is registered for the torch backend but not built here")
 
 
-_PC_NAMES = (None, "none", "jacobi", "bjacobi", "ilu", "icc")
-
-
-class TorchKrylov:
+class TorchKrylov(KrylovSolver):
     """Collective (constructor). Native Krylov solves for one operator and method.
 
     The preconditioner is rebuilt whenever the matrix values differ from the values it
@@ -68,11 +72,11 @@ class TorchKrylov:
     backend = "torch"
 
     def __init__(self, dA, method: str, pc, *, restart: int = 30, **_ignored):
-        if method not in _METHODS:
-            raise ValueError(f"method must be one of {sorted(_METHODS)}, got {method!r}")
-        if not callable(pc) and pc not in _PC_NAMES:
-            raise ValueError(f"pc {pc!r} is not available in the torch backend; use none, jacobi, bjacobi, "
-                             "ilu, icc or a callable (or backend='petsc' for gamg, hypre, asm, lu)")
+        super().__init__()
+        self._kernel = torch_kernel(method)
+        self.symmetric = krylov_method(method).symmetric
+        if not callable(pc):
+            preconditioner(pc, "torch")
         self.method = method
         self.comm = dA.comm
         self._pc_spec = pc
@@ -110,7 +114,7 @@ class TorchKrylov:
                     snap.device != vals.device or not torch.equal(snap, vals):
                 self._pcs.clear()
                 self._snapshot = vals.clone()
-        key = transpose and self.method not in _SYMMETRIC
+        key = transpose and not self.symmetric
         err = None
         if key not in self._pcs:
             t0 = time.perf_counter()
@@ -126,7 +130,7 @@ class TorchKrylov:
 
     def _run(self, dA, b, x0, transpose, *, rtol, atol, maxiter, callback, record_history, reuse_pc=False):
         comm = self.comm
-        op = (dA.rmatvec if transpose and self.method not in _SYMMETRIC
+        op = (dA.rmatvec if transpose and not self.symmetric
               else torch_operator.krylov_matvec(dA, b))
         t0 = time.perf_counter()
         with _log.phase("setup", _log.event("slaPCSetUp")):
@@ -135,10 +139,10 @@ class TorchKrylov:
         kw = dict(x0=x0, rtol=rtol, atol=atol, maxiter=maxiter, M=M,
                   reduce_sum=torch_operator.krylov_reducer(comm), callback=callback,
                   record_history=record_history)
-        if self.method == "gmres":
+        if krylov_method(self.method).restart:
             kw["restart"] = self._restart
         with torch.no_grad(), _log.phase("solve"):
-            x, info = _METHODS[self.method](op, b.detach(), **kw)
+            x, info = self._kernel(op, b.detach(), **kw)
         info.setup_time, info.solve_time = t1 - t0, time.perf_counter() - t1
         info.backend = "torch"
         spec = self._pc_spec

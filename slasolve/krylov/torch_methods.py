@@ -1,4 +1,5 @@
-"""Native torch Krylov kernels: :func:`cg`, :func:`gmres`, :func:`minres`, :func:`bicgstab`.
+"""Native torch Krylov kernels: :func:`cg`, :func:`gmres`, :func:`minres`, :func:`bicgstab`,
+:func:`cgs`, :func:`tfqmr`.
 
 The kernels know nothing about matrices or MPI. They receive callables:
 
@@ -88,7 +89,7 @@ import torch
 
 from .info import SolveInfo
 
-__all__ = ["cg", "gmres", "minres", "bicgstab", "default_maxiter"]
+__all__ = ["cg", "gmres", "minres", "bicgstab", "cgs", "tfqmr", "default_maxiter"]
 
 Tensor = torch.Tensor
 #: PETSc's default ``max_it``: the smallest default iteration budget
@@ -610,6 +611,162 @@ def bicgstab(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tens
         if omega == 0.0 or rho_new == 0.0:
             return x, run.finish("DIVERGED_BREAKDOWN", k)
         rho_old, rho, rho_t = rho, rho_new, w[1]
+    return x, run.finish("DIVERGED_ITS", run.maxiter)
+
+
+# -------------------------------------------------------------------------- CGS
+@torch.no_grad()
+def cgs(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor] = None,
+        rtol: float = 1e-5, atol: float = 0.0, maxiter: Optional[int] = None,
+        M: Optional[Callable[[Tensor], Tensor]] = None,
+        reduce_sum: Optional[Callable[[Tensor], Tensor]] = None,
+        callback: Optional[Callable[[int, float], None]] = None,
+        record_history: bool = False) -> tuple[Tensor, SolveInfo]:
+    """Conjugate gradients squared (Sonneveld) with RIGHT preconditioning, for general ``A``.
+
+    Collective over the ranks ``reduce_sum`` spans. Two products with ``A`` and two
+    preconditioner applications, 2 reductions (``rhat.v``; ``[r.r, rhat.r]``) and 2 host
+    synchronisations per iteration; the residual recurrence is the unpreconditioned
+    residual. Breakdown (``rhat.r == 0`` or ``rhat.v == 0`` with a nonzero residual):
+    ``DIVERGED_BREAKDOWN``. Returns ``(x, info)``.
+    """
+    run = _Run("cgs", b, x0, matvec, reduce_sum, rtol, atol, maxiter, callback, record_history)
+    x, r, red = run.x, run.r, run.reduce
+    v0 = red(torch.cat([_dots([(b, b), (r, r)]), run.nloc()]))
+    bb, rr, ng = v0.tolist()
+    done = run.start(bb, rr, ng)
+    if done is not None:
+        return run.x, done
+    rhat = r.clone()
+    rho = rr                          # rhat . r0 = ||r0||^2
+    u = r.clone()
+    p = r.clone()
+    q = torch.zeros_like(b)
+    for k in range(1, run.maxiter + 1):
+        phat = p if M is None else M(p)
+        v = matvec(phat)
+        sigma = float(red(torch.dot(rhat, v).reshape(1))[0])
+        if not _fin(sigma):
+            run.step(k, float("nan"))
+            return x, run.finish("DIVERGED_NANORINF", k)
+        if sigma == 0.0:
+            return x, run.finish("DIVERGED_BREAKDOWN", k)
+        alpha = rho / sigma
+        q = u - alpha * v
+        uq = u + q
+        uhat = uq if M is None else M(uq)
+        x.add_(uhat, alpha=alpha)
+        r.sub_(matvec(uhat), alpha=alpha)
+        rr, rho_new = red(_dots([(r, r), (rhat, r)])).tolist()
+        if not _fin(rr, rho_new):
+            run.step(k, float("nan"))
+            return x, run.finish("DIVERGED_NANORINF", k)
+        rnorm = _sqrt(rr)
+        run.step(k, rnorm)
+        if rnorm <= run.tol:
+            return x, run.finish(run.conv_reason(rnorm), k)
+        if rho_new == 0.0:
+            return x, run.finish("DIVERGED_BREAKDOWN", k)
+        beta = rho_new / rho
+        rho = rho_new
+        u = r + beta * q
+        p = u + beta * (q + beta * p)
+    return x, run.finish("DIVERGED_ITS", run.maxiter)
+
+
+# ------------------------------------------------------------------------ TFQMR
+@torch.no_grad()
+def tfqmr(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor] = None,
+          rtol: float = 1e-5, atol: float = 0.0, maxiter: Optional[int] = None,
+          M: Optional[Callable[[Tensor], Tensor]] = None,
+          reduce_sum: Optional[Callable[[Tensor], Tensor]] = None,
+          callback: Optional[Callable[[int, float], None]] = None,
+          record_history: bool = False, relative_to_initial: bool = False) -> tuple[Tensor, SolveInfo]:
+    """Transpose-free QMR (Freund; Saad's Algorithm 7.8) with RIGHT preconditioning.
+
+    Collective over the ranks ``reduce_sum`` spans. ``iterations`` counts half-steps
+    (one product with ``A`` and one preconditioner application each, SciPy's count).
+    The recurrence carries the bound ``tau sqrt(m + 1) >= ||b - A x||`` (reported to
+    ``callback``); when it passes the test, the true residual is computed (one more
+    product and reduction) and decides, so "converged" always means the true residual
+    passed; when it does not pass, the recurrences restart from it. Breakdown (``rhat.v == 0`` or ``rho == 0``): ``DIVERGED_BREAKDOWN``.
+    ``relative_to_initial``: ``rtol`` relative to ``||b - A x0||`` (SciPy's ``tfqmr``)
+    instead of ``||b||``. Returns ``(x, info)``.
+    """
+    run = _Run("tfqmr", b, x0, matvec, reduce_sum, rtol, atol, maxiter, callback, record_history)
+    x, r, red = run.x, run.r, run.reduce
+    v0 = red(torch.cat([_dots([(b, b), (r, r)]), run.nloc()]))
+    bb, rr, ng = v0.tolist()
+    if relative_to_initial and rr == 0.0:       # x0 solves it (start() would return zeros)
+        run.start(1.0, 0.0, ng)
+        return x, run.finish(run.conv_reason(0.0), 0, 0.0)
+    done = run.start(rr if relative_to_initial else bb, rr, ng)
+    if done is not None:
+        return run.x, done
+
+    def fresh(res: Tensor, res_sq: float):
+        """The recurrences started from the residual ``res`` (at the start, and when the
+        bound passed but the true residual did not: the recurrence has drifted from it)."""
+        uhat = res if M is None else M(res)
+        Au = matvec(uhat)                   # (A M) u_m
+        return dict(rhat=res.clone(), w=res.clone(), u=res.clone(), uhat=uhat, Au=Au, v=Au.clone(),
+                    dhat=torch.zeros_like(b), tau=_sqrt(res_sq), theta=0.0, eta=0.0, rho=res_sq)
+
+    st = fresh(r, rr)
+    alpha, m = 0.0, 0                       # m: the half-step since the last (re)start
+    u_next = None
+    for k in range(1, run.maxiter + 1):
+        even = m % 2 == 0
+        w, Au, v, rhat = st["w"], st["Au"], st["v"], st["rhat"]
+        if even:
+            sigma = float(red(torch.dot(rhat, v).reshape(1))[0])
+            if not _fin(sigma):
+                run.step(k, float("nan"))
+                return x, run.finish("DIVERGED_NANORINF", k)
+            if sigma == 0.0:
+                return x, run.finish("DIVERGED_BREAKDOWN", k)
+            alpha = st["rho"] / sigma
+            u_next = st["u"] - alpha * v    # u_{m+1}
+        w.sub_(Au, alpha=alpha)
+        st["dhat"].mul_(st["theta"] ** 2 * st["eta"] / alpha).add_(st["uhat"])
+        if even:
+            ww = float(red(torch.dot(w, w).reshape(1))[0])
+        else:
+            ww, rho_new = red(_dots([(w, w), (rhat, w)])).tolist()
+        if not _fin(ww):
+            run.step(k, float("nan"))
+            return x, run.finish("DIVERGED_NANORINF", k)
+        theta = _sqrt(ww) / st["tau"]
+        c = 1.0 / math.sqrt(1.0 + theta * theta)
+        st.update(theta=theta, tau=st["tau"] * theta * c, eta=c * c * alpha)
+        x.add_(st["dhat"], alpha=st["eta"])
+        bound = st["tau"] * math.sqrt(m + 2)
+        run.step(k, bound)
+        m += 1
+        if bound <= run.tol:
+            res = b - matvec(x)
+            res_sq = float(red(torch.dot(res, res).reshape(1))[0])
+            rnorm = _sqrt(res_sq)
+            if rnorm <= run.tol:
+                return x, run.finish(run.conv_reason(rnorm), k, rnorm)
+            if not _fin(res_sq):
+                return x, run.finish("DIVERGED_NANORINF", k)
+            st, m = fresh(res, res_sq), 0
+            continue
+        if even:
+            u = u_next
+            uhat = u if M is None else M(u)
+            st.update(u=u, uhat=uhat, Au=matvec(uhat))      # (A M) u_{m+1}
+        else:
+            if not _fin(rho_new):
+                return x, run.finish("DIVERGED_NANORINF", k)
+            if rho_new == 0.0:
+                return x, run.finish("DIVERGED_BREAKDOWN", k)
+            beta = rho_new / st["rho"]
+            u = w + beta * st["u"]          # u_{m+1} (m odd)
+            uhat = u if M is None else M(u)
+            Au_new = matvec(uhat)
+            st.update(rho=rho_new, u=u, uhat=uhat, Au=Au_new, v=Au_new + beta * (Au + beta * v))
     return x, run.finish("DIVERGED_ITS", run.maxiter)
 
 

@@ -20,7 +20,7 @@ and the product reads them without copying.
   to hide it cost more than it hid (``bench/torch_overhead.py``). The same
   conditions must hold on every exchanging rank (agreed by one Allreduce).
   Otherwise (blocks, other dtypes or devices) the layout's own product
-  (``_forward_product``) without the checks.
+  (``forward_product``) without the checks.
 
   The product itself is SciPy's compiled CSR kernel on NumPy views of the same
   arrays where it passes a check (:func:`_scipy_csr_matvec`: a smaller fixed
@@ -37,7 +37,6 @@ and the product reads them without copying.
 """
 from __future__ import annotations
 
-import weakref
 from typing import Callable, Optional
 
 import numpy as np
@@ -54,10 +53,6 @@ _TAG_KRYLOV = 79  # on the halo plans' inner communicator; the plans use 71-73
 _EV_START, _EV_FINISH = _log.event("slaHaloStart"), _log.event("slaHaloFinish")
 _INT32_MAX = 2**31 - 1
 
-# layout -> (indptr, column ids over [owned | ghost]): a pattern only (never values),
-# built on the first fast solve and kept as long as the layout lives
-_EXTENDED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
 
 def _extended_pattern(L) -> tuple:
     """Local. ``(indptr, indices)`` of the row shard's CSR with owned column ``c`` at
@@ -65,22 +60,19 @@ def _extended_pattern(L) -> tuple:
     their stored order, so the values tensor is the CSR's values as is. int32 when the
     sizes allow (the CPU kernels' format), built in place from one int32 copy of the
     column ids; cached per layout."""
-    got = _EXTENDED.get(L)
-    if got is None:
+    def build():
         if L.n_offd == 0:       # every column owned: the diagonal block's own arrays
-            got = L.diag.csr32()
-        else:
-            P = L._pattern
-            n_cols = L.cend - L.cstart
-            small = (P.nnz <= _INT32_MAX and int(L.col_offsets[-1]) <= _INT32_MAX
-                     and n_cols + L.halo.n_ghost <= _INT32_MAX)
-            cols = P.indices
-            idx = cols.to(torch.int32) if small else cols.clone()
-            idx.sub_(L.cstart)
-            idx[L.offd_pos] = (L.off_col + n_cols).to(idx.dtype)
-            got = (P.indptr.to(idx.dtype), idx)
-        _EXTENDED[L] = got
-    return got
+            return L.diag.csr32()
+        P = L._pattern
+        n_cols = L.cend - L.cstart
+        small = (P.nnz <= _INT32_MAX and int(L.col_offsets[-1]) <= _INT32_MAX
+                 and n_cols + L.halo.n_ghost <= _INT32_MAX)
+        cols = P.indices
+        idx = cols.to(torch.int32) if small else cols.clone()
+        idx.sub_(L.cstart)
+        idx[L.offd_pos] = (L.off_col + n_cols).to(idx.dtype)
+        return P.indptr.to(idx.dtype), idx
+    return L.cached("extended_pattern", None, build)
 
 
 class _Exchange:
@@ -272,10 +264,10 @@ def krylov_matvec(dA, b: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]
     if not matched:
         return dA.matvec
     if not fast:
-        from ..dsparse import _forward_product
+        from ..layout import forward_product
 
         def generic(x: torch.Tensor) -> torch.Tensor:
-            return _forward_product(L, vals, x)[0]
+            return forward_product(L, vals, x)[0]
         return generic
     m, n = L.rend - L.rstart, L.cend - L.cstart
     indptr, indices = _extended_pattern(L)

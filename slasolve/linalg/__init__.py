@@ -1,6 +1,6 @@
 """``slasolve.linalg``: a drop-in for :mod:`scipy.sparse.linalg`'s solvers.
 
-``from slasolve.linalg import cg, gmres, minres, bicgstab, spsolve, eigsh,
+``from slasolve.linalg import cg, gmres, minres, bicgstab, cgs, tfqmr, spsolve, eigsh,
 LinearOperator, aslinearoperator`` in place of the same names from
 ``scipy.sparse.linalg``: SciPy 1.10's signatures (``inspect.signature`` matches,
 positional order included) and return types (``(x, info)`` with ``info`` an int,
@@ -39,6 +39,6 @@ from scipy.sparse.linalg import LinearOperator, aslinearoperator
 
 from ._direct import spsolve
 from ._eigen import eigsh
-from ._iterative import bicgstab, cg, gmres, minres
+from ._iterative import bicgstab, cg, cgs, gmres, minres, tfqmr
 
-__all__ = ["cg", "gmres", "minres", "bicgstab", "spsolve", "eigsh", "LinearOperator", "aslinearoperator"]
+__all__ = ["cg", "gmres", "minres", "bicgstab", "cgs", "tfqmr", "spsolve", "eigsh", "LinearOperator", "aslinearoperator"]

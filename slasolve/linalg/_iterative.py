@@ -12,17 +12,15 @@ from mpi4py import MPI
 
 from .._comm import allreduce_sum, check_collective, user_code
 from ..dsparse import DSparseTensor
-from ..krylov import torch_methods
+from ..krylov.torch_backend import torch_kernel
 from ._system import System
 
-__all__ = ["cg", "bicgstab", "gmres", "minres", "info_code", "BREAKDOWN"]
+__all__ = ["cg", "bicgstab", "gmres", "minres", "cgs", "tfqmr", "info_code", "BREAKDOWN"]
 
 #: ``info`` for a breakdown (SciPy's ``<0``: illegal input or breakdown; -10 is the
 #: code SciPy's reverse-communication kernels use for a breakdown)
 BREAKDOWN = -10
 
-_KERNELS = {"cg": torch_methods.cg, "bicgstab": torch_methods.bicgstab, "gmres": torch_methods.gmres,
-            "minres": torch_methods.minres}
 
 
 def info_code(sinfo, maxiter: int) -> int:
@@ -106,8 +104,10 @@ def _delegate(method, sys_, b, x0, atol_eff, maxiter_inner, restart, res_cb, bac
     return x.detach(), sinfo
 
 
-def _kernel(method, sys_, b, x0, atol_eff, maxiter_inner, restart, res_cb, x_cb, x_cb_cycles):
+def _kernel(method, sys_, b, x0, atol_eff, maxiter_inner, restart, res_cb, x_cb, x_cb_cycles,
+            rtol_initial=None):
     """Collective. The native torch kernel (matrix-free operators, callbacks on iterates).
+    ``rtol_initial``: a tolerance relative to ``||b - A x0||`` besides ``atol_eff`` (tfqmr).
 
     The kernels update their iterate in place and take their first product on it
     (``r0 = b - A x0``), so passing ``x0`` and recording the first argument of the
@@ -133,9 +133,11 @@ def _kernel(method, sys_, b, x0, atol_eff, maxiter_inner, restart, res_cb, x_cb,
         kcb = lambda it, rnorm: x_cb(sys_.output(state["x"]))  # noqa: E731
     kw = dict(x0=x0, rtol=0.0, atol=atol_eff, maxiter=maxiter_inner, M=sys_.M,
               reduce_sum=sys_.reduce_sum(), callback=kcb)
+    if rtol_initial is not None:
+        kw.update(rtol=rtol_initial, relative_to_initial=True)
     if method == "gmres":
         kw["restart"] = restart
-    x, sinfo = _KERNELS[method](mv, b, **kw)
+    x, sinfo = torch_kernel(method)(mv, b, **kw)
     if x_cb_cycles:  # SciPy: once per restart cycle, and once more at the exit
         x_cb(sys_.output(x))
     return x, sinfo
@@ -189,7 +191,8 @@ def _cg_iterates(sys_, b, x0, atol_eff, maxiter, x_cb):
 
 
 def _krylov(method, A, b, x0, tol, maxiter, M, callback, *, rtol, atol, has_atol, comm, local,
-            backend, restart=None, callback_type=None, shift=0.0, check=False, show=False):
+            backend, restart=None, callback_type=None, shift=0.0, check=False, show=False,
+            relative_to_r0=False):
     name = method
     rel, abs_, err = _tolerances(name, tol, rtol, atol, has_atol)
     err = err or _check_maxiter(name, maxiter)
@@ -237,6 +240,10 @@ def _krylov(method, A, b, x0, tol, maxiter, M, callback, *, rtol, atol, has_atol
         if x0_t is None and bnorm <= rel:
             return sys_.output(torch.zeros_like(b_t)), 0
         atol_eff = rel if bnorm == 0 else rel * bnorm
+    elif relative_to_r0 and x0_t is not None and (sys_.dA is None or callback is not None):
+        atol_eff = None   # the kernel measures tol against ||b - A x0|| (no extra product)
+    elif relative_to_r0 and x0_t is not None:   # SciPy's tfqmr: tol relative to ||b - A x0||
+        atol_eff = max(abs_, rel * _norm(sys_, b_t - sys_.op(x0_t)))
     else:
         atol_eff = max(abs_, rel * bnorm)
     if method == "gmres":
@@ -244,12 +251,17 @@ def _krylov(method, A, b, x0, tol, maxiter, M, callback, *, rtol, atol, has_atol
         restart = max(1, min(restart, n))
     if maxiter is None:
         maxiter = (5 if method == "minres" else 10) * n
+        if method == "tfqmr":
+            maxiter = min(10000, maxiter)     # SciPy's tfqmr default
     legacy_cb = method == "gmres" and callback is not None and callback_type == "legacy"
     if method == "gmres" and not legacy_cb:
         maxiter_inner = int(maxiter) * restart     # SciPy counts restart cycles
     else:
         maxiter_inner = int(maxiter)
-    if not math.isfinite(atol_eff):  # tol or atol = inf: any finite x0 passes
+    relative = None
+    if atol_eff is None:
+        relative, atol_eff = rel, abs_
+    if not math.isfinite(atol_eff) or (relative is not None and not math.isfinite(relative)):
         return sys_.output(torch.zeros_like(b_t) if x0_t is None else x0_t), 0
 
     res_cb = x_cb = None
@@ -274,7 +286,7 @@ def _krylov(method, A, b, x0, tol, maxiter, M, callback, *, rtol, atol, has_atol
                                    None, False)
     else:
         x, sinfo = _kernel(method, sys_, b_t, x0_t, atol_eff, maxiter_inner, restart, res_cb, x_cb,
-                           x_cb_cycles)
+                           x_cb_cycles, relative)
     info = info_code(sinfo, maxiter)
     if show and ccomm.Get_rank() == 0:
         print(f"{name}: {sinfo.summary()}", flush=True)
@@ -321,6 +333,34 @@ def bicgstab(A, b, x0=None, tol=1e-05, maxiter=None, M=None, callback=None, atol
     """
     return _krylov("bicgstab", A, b, x0, tol, maxiter, M, callback, rtol=rtol, atol=atol, has_atol=True,
                    comm=comm, local=local, backend=backend)
+
+
+def cgs(A, b, x0=None, tol=1e-05, maxiter=None, M=None, callback=None, atol=None, *,
+        rtol: Optional[float] = None, comm: Optional[MPI.Comm] = None, local: bool = False,
+        backend: Optional[str] = None):
+    """Collective. :func:`scipy.sparse.linalg.cgs`: conjugate gradients squared, ``(x, info)``.
+
+    SciPy 1.10's signature and meaning (see :mod:`slasolve.linalg`). Right
+    preconditioning: the tested residual is unpreconditioned.
+    """
+    return _krylov("cgs", A, b, x0, tol, maxiter, M, callback, rtol=rtol, atol=atol, has_atol=True,
+                   comm=comm, local=local, backend=backend)
+
+
+def tfqmr(A, b, x0=None, tol=1e-05, maxiter=None, M=None, callback=None, atol=None, show=False, *,
+          rtol: Optional[float] = None, comm: Optional[MPI.Comm] = None, local: bool = False,
+          backend: Optional[str] = None):
+    """Collective. :func:`scipy.sparse.linalg.tfqmr`: transpose-free QMR, ``(x, info)``.
+
+    SciPy 1.10's signature and meaning: the test is ``||b - A x|| <= max(atol,
+    tol ||b - A x0||)`` (relative to the initial residual, ``atol`` default 0),
+    ``maxiter`` (default ``min(10000, 10 n)``) counts half-steps, ``show`` prints a
+    summary. SciPy stops when TFQMR's residual bound passes; slasolve then checks the
+    true residual and continues if it does not (see :mod:`slasolve.linalg`).
+    """
+    return _krylov("tfqmr", A, b, x0, tol, maxiter, M, callback, rtol=rtol,
+                   atol=0.0 if atol is None else atol, has_atol=True,
+                   comm=comm, local=local, backend=backend, show=show, relative_to_r0=True)
 
 
 def gmres(A, b, x0=None, tol=1e-05, restart=None, maxiter=None, M=None, callback=None, restrt=None,

@@ -29,8 +29,8 @@ import torch
 from mpi4py import MPI
 from scipy.sparse.linalg import aslinearoperator
 
-from .._comm import allreduce_sum, check_collective, user_code
-from ..dsparse import DSparseTensor, _split_offsets
+from .._comm import allreduce_sum, user_code
+from ..dsparse import DSparseTensor, split_offsets
 from ..sparse import SparseTensor
 
 __all__ = ["System", "result_char", "digest", "row_block", "split_rows", "gather_rows"]
@@ -101,7 +101,7 @@ def row_block(S, r0: int, r1: int, comm) -> DSparseTensor:
 
 def split_rows(n: int, comm):
     """Local. This rank's contiguous rows ``(r0, r1)`` and every rank's count (PETSc's split)."""
-    offs = _split_offsets(n, comm.Get_size())
+    offs = split_offsets(n, comm.Get_size())
     r = comm.Get_rank()
     return int(offs[r]), int(offs[r + 1]), [int(c) for c in np.diff(offs)]
 
@@ -289,7 +289,7 @@ class System:
                 self.r0, self.r1 = int(offs[comm.Get_rank()]), int(offs[comm.Get_rank() + 1])
                 self.n = int(offs[-1])
         elif self.mode == "replicated":
-            offs = _split_offsets(self.n, size)
+            offs = split_offsets(self.n, size)
             self.r0, self.r1 = int(offs[comm.Get_rank()]), int(offs[comm.Get_rank() + 1])
         else:
             self.r0, self.r1 = 0, self.n

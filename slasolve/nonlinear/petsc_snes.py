@@ -37,15 +37,14 @@ from typing import NamedTuple
 
 import torch
 
-from ..petsc import PETSc, option_entries, temporary_options
+from ..petsc import PETSc, garbage_cleanup, option_entries, temporary_options
+from ..registry import petsc_method_name
 from .info import NonlinearInfo
 from .problem import global_norm
 from .torch_newton import inner_rtol_default
 
 __all__ = ["snes_solve"]
 
-_KSP_TYPES = {"cg": "cg", "gmres": "gmres", "minres": "minres", "bicgstab": "bcgs", "direct": "preonly"}
-_FROM_KSP = {v: k for k, v in _KSP_TYPES.items()}  # "preonly" -> "direct"
 _REASONS = {}
 for _name in dir(PETSc.SNES.ConvergedReason):
     if _name.isupper() and _name.startswith(("CONVERGED", "DIVERGED")):
@@ -58,6 +57,10 @@ _DEFAULT_ENTRIES = {"snes_divergence_tolerance": "-1", "pc_gamg_reuse_interpolat
 _REBUILD_ENTRIES = {"pc_gamg_reuse_interpolation": "false"}
 
 
+def _linear_method_name(ksp_type: str) -> str:
+    return "direct" if ksp_type == "preonly" else petsc_method_name(ksp_type)
+
+
 def _reason(code: int) -> str:
     name = _REASONS.get(int(code))
     if name is None:
@@ -66,23 +69,15 @@ def _reason(code: int) -> str:
 
 
 def _configure_ksp(ksp, ls: dict, comm_size: int, n_global: int, matrix_free: bool) -> None:
-    from ..krylov.petsc_backend import _configure_pc
+    from ..krylov.petsc_backend import configure_ksp, configure_pc
     from ..krylov.torch_methods import default_maxiter
     method = ls.get("method", "gmres")
-    ksp.setType(_KSP_TYPES[method])
     if method == "direct":
-        pc = ksp.getPC()
-        pc.setType("lu")
-        pc.setFactorSolverType("mumps")
+        ksp.setType("preonly")
+        configure_pc(ksp.getPC(), "lu", comm_size)
     else:
-        pc = ls.get("pc")
-        _configure_pc(ksp.getPC(), "none" if matrix_free else pc, comm_size)
-        if method == "gmres":
-            ksp.setGMRESRestart(int(ls.get("restart", 30)))
-        if method in ("gmres", "bicgstab"):
-            ksp.setPCSide(PETSc.PC.Side.RIGHT)
-        if method != "minres":
-            ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)
+        configure_ksp(ksp, method, int(ls.get("restart", 30)))
+        configure_pc(ksp.getPC(), "none" if matrix_free else ls.get("pc"), comm_size)
     maxiter = ls.get("maxiter")
     ksp.setTolerances(rtol=float(ls["rtol"]), atol=float(ls.get("atol", 0.0)), divtol=1e300,
                       max_it=default_maxiter(n_global) if maxiter is None else int(maxiter))
@@ -171,7 +166,7 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
               petsc_options, options_prefix, r0, extra) -> _Run:
     """Collective. One SNES solve from ``u0`` with the option entries ``extra`` on top of the
     defaults."""
-    from ..petsc import _create
+    from ..petsc import create_petsc_mat
     t0 = time.perf_counter()
     comm = prob.comm
     n = prob.n_local
@@ -184,7 +179,7 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     if use_jacobian:
         # the Mat's pattern comes from the Jacobian at u0 (handed to SNES's first Jacobian call)
         J0 = prob.jacobian(u0.detach())
-        Jmat = _create(J0.to(torch.float64), "aij")
+        Jmat = create_petsc_mat(J0.to(torch.float64), "aij")
     cb = _Callbacks(prob, u0.dtype, Jmat, progress, callback, u0.detach(), r0, J0)
     try:
         if options_prefix:
@@ -241,10 +236,9 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
                callback, progress, petsc_options=None, options_prefix=None, r0=None) -> tuple:
     """Collective. ``(u, NonlinearInfo)`` from PETSc SNES; raises only for errors inside the
     callbacks (collective checks, re-raised on every rank) or a rejected configuration."""
-    from ..krylov.solve import _garbage_cleanup
     t0 = time.perf_counter()
     comm = prob.comm
-    _garbage_cleanup(comm)
+    garbage_cleanup(comm)
     ls = dict(linear_solver)
     ls.setdefault("rtol", inner_rtol_default(u0.dtype, use_jacobian))
     args = (prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
@@ -270,8 +264,8 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
     info = NonlinearInfo(converged=reason.startswith("CONVERGED"), reason=reason, iterations=int(its),
                          residual_norm=fn, residual_history=hist, linear_iterations=sum(cb.lits),
                          linear_iterations_per_step=cb.lits, method=method, backend="petsc",
-                         line_search=line, linear_method=_FROM_KSP.get(lm, lm) if use_jacobian
-                         else f"{_FROM_KSP.get(lm, lm)} (matrix-free)", pc=pc,
+                         line_search=line, linear_method=_linear_method_name(lm) if use_jacobian
+                         else f"{_linear_method_name(lm)} (matrix-free)", pc=pc,
                          rtol=float(rtol), atol=float(atol), stol=float(stol_), setup_time=setup,
                          solve_time=time.perf_counter() - t0 - setup)
     return u, info

@@ -15,17 +15,19 @@ from typing import Callable, Optional, Tuple, Union
 import torch
 
 from .. import _log
-from .._comm import allreduce_sum, check_collective, get_comm, user_code
-from ..autograd import saved_tensors
+from .._comm import allreduce_sum, check_collective, get_comm, options_key, user_code
+from ..autograd import AdjointFunction
+from ..registry import KRYLOV_METHODS, default_backend
 from .info import NonlinearConvergenceError, NonlinearInfo
 from .problem import Problem
+from ..dtensor import dtensor_entry
 
 __all__ = ["nonlinear_solve"]
 
 _METHODS = ("newton", "newtonls")
 _LINE_SEARCHES = ("bt", "basic")
 _LINEAR_KEYS = ("method", "pc", "rtol", "atol", "maxiter", "restart")
-_LINEAR_METHODS = ("cg", "gmres", "minres", "bicgstab", "direct")
+_LINEAR_METHODS = tuple(KRYLOV_METHODS) + ("direct",)
 
 
 def _is_dsparse(p) -> bool:
@@ -114,7 +116,7 @@ def _nested_grad_error(params):
     return None
 
 
-class _ImplicitFunction(torch.autograd.Function):
+class _ImplicitFunction(AdjointFunction):
     """``u*(params)`` defined by ``F(u*, params) = 0``; backward by the implicit function theorem.
     ``params`` arrive flattened (DSparseTensors as their values tensors)."""
 
@@ -126,14 +128,16 @@ class _ImplicitFunction(torch.autograd.Function):
         ctx.save_for_backward(u_star, *(p for p in params if isinstance(p, torch.Tensor)))
         return u_star.clone()
 
+    name = "slasolve.nonlinear_solve"
+
     @staticmethod
-    def backward(ctx, g):
-        if torch.is_grad_enabled():
-            raise RuntimeError("slasolve.nonlinear_solve is differentiable once: second derivatives "
-                               "through a nonlinear solve are not implemented (backward with "
-                               "create_graph=True)")
+    def comm(ctx):
+        return ctx.ctl["comm"]
+
+    @staticmethod
+    def adjoint(ctx, saved, g):
         ctl = ctx.ctl
-        u = saved_tensors(ctx, ctl["comm"], "backward of slasolve.nonlinear_solve")[0]
+        u = saved[0]
         if ctl["failed"] is not None:  # the same on every rank (decided from global norms)
             raise RuntimeError(f"nonlinear_solve did not converge ({ctl['failed']}): the implicit-function "
                                "gradient of its result is undefined (raise_on_fail=False returned it)")
@@ -195,6 +199,7 @@ def _adjoint_solve(ctl, u, g):
 
 
 @_log.logged("slaNonlinear", "slaNonlinear")
+@dtensor_entry("nonlinear_solve")
 def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Optional[Callable] = None,
                     method: str = "newton", backend: Optional[str] = None, rtol: float = 1e-8,
                     atol: float = 0.0, stol: Optional[float] = None, maxiter: int = 50,
@@ -280,7 +285,6 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     as ``jacobian``: give the exact derivative of ``residual`` (an approximate Jacobian still
     lets Newton converge, more slowly, but gives wrong gradients; ``jacobian=None`` does not).
     """
-    from ..krylov.solve import default_backend
     t0 = time.perf_counter()
     backend = default_backend() if backend is None else backend
     linear_solver = {} if linear_solver is None else linear_solver
@@ -304,10 +308,8 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
                  (isinstance(p, torch.Tensor) and p.requires_grad) or
                  (_is_dsparse(p) and p.values.requires_grad))],
              "u0 requires grad": isinstance(u0, torch.Tensor) and u0.requires_grad and torch.is_grad_enabled(),
-             "linear_solver": sorted((str(k), repr(v)) for k, v in linear_solver.items())
-             if isinstance(linear_solver, dict) else repr(linear_solver),
-             "petsc_options": sorted((str(k), repr(v)) for k, v in petsc_options.items())
-             if isinstance(petsc_options, dict) else repr(petsc_options)}
+             "linear_solver": options_key(linear_solver),
+             "petsc_options": options_key(petsc_options)}
     check_collective(comm, err, agree=agree)
     rtol, atol = float(rtol), float(atol)
     stol = None if stol is None else float(stol)

@@ -1,0 +1,115 @@
+"""The adjoint of :func:`slasolve.solve`: ``A^T lam = dL/dx`` with the same cached solver (and
+preconditioner), then ``dL/db = lam`` and ``dL/dvalues[k] = -lam[row_k] x[col_k]``."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from mpi4py import MPI
+
+from .. import _log
+from .._comm import allreduce_int
+from ..autograd import AdjointFunction, looks_symmetric, matvec_value_grad
+from .reuse import with_reuse
+from .runs import previous_solution, raise_if_failed, remember_solution, solve_columns
+
+__all__ = ["AdjointSolve", "repeats_forward"]
+
+# solve options that are not keyword arguments of the backends' solve methods
+_NOT_SOLVER_KW = ("raise_on_fail", "pc_fn", "reuse_pc", "warm", "fallback", "limit", "transpose_solver")
+
+
+class AdjointSolve(AdjointFunction):
+    @staticmethod
+    def forward(ctx, values, b, dA, solver, opts, x0, out):
+        kw = {k: v for k, v in opts.items() if k not in _NOT_SOLVER_KW}
+        if opts["warm"]:
+            x0 = previous_solution(solver, "x", b)
+
+        def run(reuse, s=None, maxiter=None):
+            s = solver if s is None else s
+            k = kw if maxiter is None else dict(kw, maxiter=maxiter)
+            many = getattr(s, "solve_many", None)
+            return solve_columns(lambda bj, x0j: s.solve(dA, bj, x0j, reuse_pc=reuse, **k), b, x0,
+                            None if many is None else lambda B, X0: many(dA, B, X0, reuse_pc=reuse, **k))
+        x, info = with_reuse(solver, run, opts["reuse_pc"], True, opts["limit"], opts.get("fallback"),
+                              (opts["rtol"], opts["atol"]))
+        if opts["warm"]:
+            remember_solution(solver, "x", x)
+        out["info"] = info
+        raise_if_failed(info, opts["raise_on_fail"])
+        ctx.dA, ctx.solver, ctx.opts, ctx.info = dA, solver, opts, info
+        # the system the backward may find it is asked to solve again (decided alike on every rank)
+        ctx.forward_system = None
+        if any(ctx.needs_input_grad[:2]) and getattr(solver, "transpose_is_forward", False) and info.converged \
+                and opts.get("pc_fn") is None and not (info.pc_reuse or {}).get("retried"):
+            ctx.forward_system = (b.detach().clone(), None if x0 is None else x0.detach().clone())
+        # values saved too: changed in place before the backward they raise (on every rank)
+        ctx.save_for_backward(x, values)
+        return x
+
+    name = "slasolve.solve"
+
+    @staticmethod
+    def comm(ctx):
+        return ctx.dA.comm
+
+    @staticmethod
+    def adjoint(ctx, saved, g):
+        x, _ = saved
+        if ctx.opts.get("pc_fn") is not None:  # the cached solver may have another callable now
+            ctx.solver.set_callable(ctx.opts["pc_fn"])
+        kw = {k: v for k, v in ctx.opts.items() if k not in _NOT_SOLVER_KW}
+        kw.update(callback=None, record_history=False)
+        with _log.stage("slaAdjoint"), _log.event("slaAdjoint"), _log.collect() as times:
+            solver, warm = ctx.solver, ctx.opts["warm"]
+            g = g.contiguous()
+            l0 = previous_solution(solver, "lam", g) if warm else None
+            transposed = "transpose_solver" in ctx.opts and not looks_symmetric(ctx.dA)
+            if transposed:
+                # CG/MINRES converged on a matrix that is not symmetric (e.g. Dirichlet rows
+                # eliminated on one side only): A^{-1} g would be the wrong adjoint. Solve
+                # A^T lam = g with GMRES and the same preconditioner instead.
+                solver, warm, l0 = ctx.opts["transpose_solver"](), False, None
+            if not transposed and repeats_forward(ctx, g, l0):  # the forward's solve of this system, from this start
+                lam = x.detach().clone()
+                info = dataclasses.replace(ctx.info, iterations=0, residual_history=None, setup_time=0.0,
+                                           solve_time=0.0, times={}, adjoint=None, per_rhs=None,
+                                           same_as_forward=True)
+            else:
+                def run(reuse, s=None, maxiter=None):
+                    s = solver if s is None else s
+                    k = kw if maxiter is None else dict(kw, maxiter=maxiter)
+                    many = getattr(s, "solve_transpose_many", None)
+                    return solve_columns(lambda gj, l0j: s.solve_transpose(ctx.dA, gj.contiguous(), x0=l0j,
+                                                                      reuse_pc=reuse, **k), g, l0,
+                                    None if many is None else lambda G, L0: many(ctx.dA, G, x0=L0,
+                                                                                  reuse_pc=reuse, **k))
+                lam, info = with_reuse(solver, run, ctx.opts["reuse_pc"] if not transposed else False, False,
+                                        ctx.opts["limit"], None if transposed else ctx.opts.get("fallback"))
+            if warm:
+                remember_solution(solver, "lam", lam)
+        info.times = times
+        ctx.info.adjoint = info    # reachable from the forward's SolveInfo
+        ctx.info.times["adjoint"] = ctx.info.times.get("adjoint", 0.0) + times["total"]
+        raise_if_failed(info, True, "adjoint solve in backward")
+        gb = lam if ctx.needs_input_grad[1] else None
+        gv = matvec_value_grad(ctx.dA, -lam, x) if ctx.needs_input_grad[0] else None
+        return gv, gb, None, None, None, None, None
+
+
+def repeats_forward(ctx, g, l0) -> bool:
+    """Collective. True on every rank when the adjoint solve ``A^T lam = g`` would repeat the
+    forward solve exactly: the backend solves it with the forward's KSP on ``A`` itself
+    (CG, MINRES: ``A`` is symmetric, ``transpose_is_forward``), the forward converged
+    without a retry, and on every rank ``g`` equals the forward's ``b`` and the adjoint's
+    initial guess the forward's (both zero, or equal ``x0="previous"`` iterates). The
+    compliance ``f . u`` of topology optimisation is such a case. One Allreduce."""
+    fwd = getattr(ctx, "forward_system", None)
+    if fwd is None:  # decided in the forward from global facts: the same on every rank
+        return False
+    b, x0 = fwd
+    same = g.shape == b.shape and g.dtype == b.dtype and torch.equal(g, b) and \
+        ((x0 is None and l0 is None) or (x0 is not None and l0 is not None and x0.shape == l0.shape
+                                         and torch.equal(x0, l0)))
+    return bool(allreduce_int(ctx.dA.comm, int(same), MPI.MIN))

@@ -1,0 +1,415 @@
+"""Parallel mesh I/O: XDMF + HDF5 write / sliced read, parallel partition and redistribution,
+gmsh physical groups as tags, restart on any rank count, bad input.
+
+Run serially and under mpirun -n 2 / 4 with --with-mpi (restarts N -> M for every N, M up to
+the run's size use sub-communicators, so the -n 4 run covers N, M in {1, 2, 3, 4}).
+"""
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from mpi4py import MPI
+
+h5py = pytest.importorskip("h5py")
+meshio = pytest.importorskip("meshio")
+
+import slasolve  # noqa: E402
+from slasolve.fem import (Assembler, box_mesh, element_volume, mass, partition_quality,  # noqa: E402
+                          read_cell_data, read_mesh, read_point_data, stiffness, write_xdmf, xdmf_steps)
+from slasolve.fem.xdmf import convert_mesh  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+COMM = MPI.COMM_WORLD
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+FIXTURES = {2: os.path.join(DATA, "bracket2d.msh"), 3: os.path.join(DATA, "bracket3d.msh")}
+PARTITIONERS = [pytest.param("ptscotch", marks=pytest.mark.petsc), "metis", "block"]
+
+
+@pytest.fixture
+def shared_dir():
+    d = COMM.bcast(tempfile.mkdtemp(prefix="slasolve_meshio_") if COMM.rank == 0 else None, root=0)
+    yield d
+    COMM.Barrier()
+    if COMM.rank == 0:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def converted(d, dim):
+    out = os.path.join(d, f"bracket{dim}d.xdmf")
+    convert_mesh(FIXTURES[dim], out, comm=COMM)
+    return out
+
+
+def file_arrays(dim):
+    """The fixture as meshio reads it: cells, cell tags, {(sorted facet vertices): tag}."""
+    m = meshio.read(FIXTURES[dim])
+    ct, ft = ("triangle", "line") if dim == 2 else ("tetra", "triangle")
+    tags = m.cell_data["gmsh:physical"]
+    cells = np.concatenate([b.data for b in m.cells if b.type == ct])
+    ctags = np.concatenate([t for b, t in zip(m.cells, tags) if b.type == ct])
+    facets = {tuple(sorted(f)): int(v) for b, t in zip(m.cells, tags) if b.type == ft
+              for f, v in zip(b.data.tolist(), t.tolist())}
+    return m.points, cells, ctags, facets
+
+
+def check_layout(mesh):
+    """Contiguous ownership, node_ids = owned + touched (sorted), every cell exactly once."""
+    comm = mesh.comm
+    ranges = comm.allgather(mesh.owned_range)
+    assert ranges[0][0] == 0 and ranges[-1][1] == mesh.n_global_nodes
+    assert all(ranges[r][1] == ranges[r + 1][0] for r in range(len(ranges) - 1))
+    s, e = mesh.owned_range
+    expected = torch.unique(torch.cat([torch.arange(s, e), mesh.cells.reshape(-1)]))
+    assert torch.equal(mesh.node_ids, expected)
+    assert comm.allreduce(mesh.n_local_cells) == mesh.n_global_cells
+    ids = np.concatenate(comm.allgather(mesh.original_cell_ids.numpy()))
+    assert np.array_equal(np.sort(ids), np.arange(mesh.n_global_cells))
+    assert bool((element_volume(mesh.local_cell_coords(), mesh.cell_type) > 0).all())
+
+
+def gathered_by_file_id(mesh, values, ids=None):
+    """Owned values of every rank, put in file order through mesh.original_ids."""
+    comm = mesh.comm
+    ids = mesh.original_ids.numpy()[mesh.owned_mask().numpy()] if ids is None else ids
+    all_ids = np.concatenate(comm.allgather(ids))
+    all_v = np.concatenate(comm.allgather(np.asarray(values)))
+    out = np.full((int(all_ids.max()) + 1,) + all_v.shape[1:], np.nan)
+    out[all_ids] = all_v
+    return out
+
+
+# --------------------------------------------------------------------------- write / reload
+@pytest.mark.parametrize("cell,n", [("triangle", (3, 4)), ("quad", (2, 4)), ("tetra", (2, 2, 4)),
+                                    ("hexahedron", (2, 3, 4))])
+def test_reload_on_same_ranks_keeps_partition(shared_dir, cell, n):
+    """Write, reload, write the reloaded mesh, ...: the same cells on the same ranks, the same
+    numbering and bit-identical fields, cycle after cycle; time steps read back by index."""
+    mesh = box_mesh(n, cell=cell, comm=COMM)
+    u = mesh.owned_node_coords().sum(1) ** 2 / 3.0
+    kappa = 1.0 + torch.arange(mesh.n_local_cells, dtype=torch.float64) / 7.0 + COMM.rank
+    path = os.path.join(shared_dir, f"ck_{cell}.xdmf")
+    current = mesh
+    for cycle in range(3):
+        write_xdmf(path, current, point_data={"u": u}, cell_data={"kappa": kappa})
+        write_xdmf(path, current, point_data={"u": u + 1.0}, time=0.25, append=True)
+        write_xdmf(path, current, point_data={"u": u + 2.0}, cell_data={"kappa": -kappa}, time=0.5, append=True)
+        back = read_mesh(path, comm=COMM)
+        assert torch.equal(back.cells, mesh.cells) and torch.equal(back.node_ids, mesh.node_ids)
+        assert back.owned_range == mesh.owned_range and torch.equal(back.node_coords, mesh.node_coords)
+        assert back.n_global_nodes == mesh.n_global_nodes and back.n_global_cells == mesh.n_global_cells
+        assert torch.equal(back.boundary_mask, mesh.boundary_mask)
+        assert torch.equal(read_point_data(path, back, "u"), u)
+        assert torch.equal(read_cell_data(path, back, "kappa"), kappa)
+        assert torch.equal(read_point_data(path, back, "u", step=0), u + 1.0)
+        assert torch.equal(read_point_data(path, back, "u", step=-1), u + 2.0)
+        assert torch.equal(read_cell_data(path, back, "kappa", step=1), -kappa)
+        current = back
+    assert xdmf_steps(path) == [0.25, 0.5]
+    if COMM.rank == 0:     # the index names only files that exist, no temporaries left
+        assert sorted(os.listdir(shared_dir)) == [f"ck_{cell}.h5", f"ck_{cell}.xdmf"]
+
+
+def test_serial_hdf5_writes_in_turn(shared_dir, monkeypatch):
+    """With a serial h5py (pip's wheel) the ranks write their rows in turn: the same file."""
+    from slasolve.fem import xdmf as xdmf_mod
+
+    mesh = box_mesh((3, 2, 2 * COMM.size), cell="tetra", comm=COMM)
+    u = torch.stack([mesh.owned_node_coords()[:, 0], -mesh.owned_node_coords()[:, 2]], 1)
+    paths = []
+    for serial in (False, True):
+        if serial:
+            monkeypatch.setattr(xdmf_mod, "_mpi_hdf5", lambda h5py: False)
+        paths.append(write_xdmf(os.path.join(shared_dir, f"s{int(serial)}.xdmf"), mesh, point_data={"u": u}))
+        write_xdmf(paths[-1], mesh, cell_data={"r": torch.full((mesh.n_local_cells,), COMM.rank)}, time=1.0,
+                   append=True)
+    COMM.Barrier()
+    if COMM.rank == 0:
+        with h5py.File(paths[0][:-5] + ".h5", "r") as a, h5py.File(paths[1][:-5] + ".h5", "r") as b:
+            for name in ("/Mesh/topology", "/Mesh/geometry", "/PointData/u", "/Function/r/0",
+                         "/Partition/node_offsets"):
+                assert np.array_equal(a[name][:], b[name][:]), name
+    back = read_mesh(paths[1], comm=COMM)
+    assert torch.equal(back.cells, mesh.cells) and torch.equal(read_point_data(paths[1], back, "u"), u)
+
+
+# --------------------------------------------------------------------------- gmsh tags
+@pytest.mark.parametrize("partition", PARTITIONERS)
+@pytest.mark.parametrize("dim", [2, 3])
+def test_gmsh_tags_independent_of_ranks(shared_dir, dim, partition):
+    """A gmsh .msh v4.1 with physical groups: after conversion and a parallel read, every file
+    cell once with its tag, every tagged facet once with its tag, whatever the rank count."""
+    path = converted(shared_dir, dim)
+    mesh = read_mesh(path, comm=COMM, partition=partition)
+    check_layout(mesh)
+    points, cells, ctags, facets = file_arrays(dim)
+    ids = mesh.original_cell_ids.numpy()
+    # the cells and their tags, through the file's numbering
+    file_cells = mesh.original_ids.numpy()[mesh.local_cells().numpy()]
+    assert np.array_equal(np.sort(file_cells, 1), np.sort(cells[ids], 1))
+    assert np.array_equal(mesh.cell_tags.numpy(), ctags[ids])
+    np.testing.assert_array_equal(mesh.node_coords.numpy(), points[mesh.original_ids.numpy(), :dim])
+    # the facet tags: (sorted file vertices, value), gathered
+    from slasolve.fem.cells import CELL_FACETS
+
+    ft = mesh.facet_tags
+    lf = np.asarray(CELL_FACETS[mesh.cell_type])[ft.local_facet.numpy()]
+    verts = np.take_along_axis(file_cells[ft.cells.numpy()], lf, axis=1)
+    mine = [(tuple(sorted(v)), int(t)) for v, t in zip(verts.tolist(), ft.values.tolist())]
+    everyone = [x for part in COMM.allgather(mine) for x in part]
+    assert len(everyone) == len(facets) and dict(everyone) == facets
+    # boundary flags: the nodes of the tagged (boundary) facets are boundary nodes
+    tagged_nodes = np.unique(verts)
+    orig = mesh.original_ids.numpy()                 # not sorted: ordered by the mesh's ids
+    by_file = np.argsort(orig)
+    local = by_file[np.searchsorted(orig[by_file], tagged_nodes)]
+    assert bool(mesh.boundary_mask[torch.from_numpy(local)].all())
+
+
+@pytest.mark.petsc
+def test_partition_quality_against_metis_and_a_serial_count(shared_dir):
+    """PT-Scotch's edge cut on the 3-D bracket against serial METIS (reported; a loose bound
+    on meshes this small), and partition_quality against a count on the gathered dual graph."""
+    path = converted(shared_dir, 3)
+    q = {}
+    for method in ("ptscotch", "metis"):
+        mesh = read_mesh(path, comm=COMM, partition=method)
+        q[method] = partition_quality(mesh)
+        # reference: the dual graph of the gathered cells (scipy), cut by the ranks
+        cells = np.concatenate(COMM.allgather(mesh.cells.numpy()))
+        part = np.repeat(np.arange(COMM.size), COMM.allgather(mesh.n_local_cells))
+        faces = np.sort(cells[:, [[0, 1, 2], [0, 1, 3], [0, 2, 3], [1, 2, 3]]], axis=2).reshape(-1, 3)
+        owner = np.repeat(np.arange(cells.shape[0]), 4)
+        _, inv, cnt = np.unique(faces, axis=0, return_inverse=True, return_counts=True)
+        inv = inv.reshape(-1)
+        inc = sp.csr_matrix((np.ones(owner.size), (owner, inv)))
+        dual = (inc @ inc.T).tocoo()
+        off = dual.row != dual.col
+        cut = int(np.sum(part[dual.row[off]] != part[dual.col[off]])) // 2
+        assert q[method].edge_cut == cut
+        assert q[method].part_sizes.tolist() == list(COMM.allgather(mesh.n_local_cells))
+        assert np.sum(cnt == 2) == int(off.sum()) // 2
+    if COMM.size > 1:
+        assert q["ptscotch"].edge_cut <= 2 * q["metis"].edge_cut, (q["ptscotch"].summary(), q["metis"].summary())
+        assert q["ptscotch"].load_imbalance <= 1.1
+
+
+# --------------------------------------------------------------------------- solutions
+def reaction_diffusion(mesh, kappa=1.0):
+    """(K(kappa) + M) u = 1 (no boundary conditions: SPD), solved directly."""
+    V = Assembler(mesh)
+    A = system_matrix(mesh, V, kappa)
+    b = V.load(1.0)
+    return V, A, slasolve.spsolve(A, b)
+
+
+def system_matrix(mesh, V, kappa):
+    x = mesh.local_cell_coords()
+    if not isinstance(kappa, float):
+        kappa = kappa.reshape(-1, 1, 1)
+    return V.assemble_matrix(stiffness(x, 1.0, mesh.cell_type) * kappa + mass(x, 1.0, mesh.cell_type))
+
+
+@pytest.mark.petsc   # spsolve on more than one rank needs MUMPS
+def test_solution_independent_of_ranks_and_reader(shared_dir):
+    """The same discrete solution (to rounding) on the 2-D bracket whatever the rank count
+    and reader (XDMF in parallel with each partitioner, the .msh through meshio on rank 0)."""
+    path = converted(shared_dir, 2)
+    ref = None
+    if COMM.rank == 0:
+        serial = read_mesh(path, comm=MPI.COMM_SELF, partition="block")
+        V, A, _ = reaction_diffusion(serial)
+        x = sp.linalg.spsolve(A.local.to_scipy("csc"), V.load(1.0).numpy())
+        ref = np.full(serial.original_ids.numpy().max() + 1, np.nan)
+        ref[serial.original_ids.numpy()] = x
+    ref = COMM.bcast(ref, root=0)
+    methods = ["metis", "block", "ptscotch"]
+    for reader in [("xdmf", m) for m in methods] + [("msh", "metis")]:
+        mesh = read_mesh(path if reader[0] == "xdmf" else FIXTURES[2], comm=COMM, partition=reader[1])
+        _, _, u = reaction_diffusion(mesh)
+        got = gathered_by_file_id(mesh, u.numpy())
+        used = ~np.isnan(ref)
+        assert np.array_equal(~np.isnan(got[:ref.size]), used)
+        assert np.abs(got[used] - ref[used]).max() <= 1e-12 * np.abs(ref[used]).max(), reader
+
+
+# --------------------------------------------------------------------------- restart N -> M
+@pytest.mark.petsc   # spsolve on more than one rank needs MUMPS
+def test_restart_on_any_rank_count(shared_dir):
+    """Save a mesh, a solution and per-cell parameters on N ranks, load them on M ranks, for
+    every N, M up to this run's size: the loaded fields are the saved ones bit for bit, and
+    continuing (one implicit step) gives the result of continuing without a restart."""
+    path = converted(shared_dir, 2)
+    size = COMM.size
+    saved = {}
+    for n in range(1, size + 1):
+        sub = COMM.Split(0 if COMM.rank < n else MPI.UNDEFINED, COMM.rank)
+        if sub != MPI.COMM_NULL:
+            mesh = read_mesh(path, comm=sub)
+            kappa = 1.0 + mesh.cell_tags.to(torch.float64) + mesh.local_cell_coords().mean(1)[:, 0]
+            V, A, u = reaction_diffusion(mesh, kappa)
+            step = slasolve.spsolve(A, V.mass(1.0) @ u)         # continuing without a restart
+            ck = os.path.join(shared_dir, f"restart_{n}.xdmf")
+            owned_file_ids = mesh.original_ids[mesh.owned_mask()]
+            write_xdmf(ck, mesh, point_data={"u": u, "source_id": owned_file_ids}, cell_data={"kappa": kappa})
+            saved[n] = (gathered_by_file_id(mesh, u.numpy()), gathered_by_file_id(mesh, step.numpy()))
+            sub.Free()
+    saved = COMM.bcast(saved, root=0)
+    for n in range(1, size + 1):
+        ck = os.path.join(shared_dir, f"restart_{n}.xdmf")
+        for m in range(1, size + 1):
+            sub = COMM.Split(0 if COMM.rank < m else MPI.UNDEFINED, COMM.rank)
+            if sub == MPI.COMM_NULL:
+                continue
+            mesh = read_mesh(ck, comm=sub)
+            u = read_point_data(ck, mesh, "u")
+            src = read_point_data(ck, mesh, "source_id").numpy()
+            kappa = read_cell_data(ck, mesh, "kappa")
+            V = Assembler(mesh)
+            A = system_matrix(mesh, V, kappa)
+            step = slasolve.spsolve(A, V.mass(1.0) @ u)
+            u_ref, step_ref = saved[n]
+            got_u = np.concatenate(sub.allgather(u.numpy()))
+            all_src = np.concatenate(sub.allgather(src))
+            assert np.array_equal(got_u, u_ref[all_src])                   # bit for bit
+            got = np.concatenate(sub.allgather(step.numpy()))
+            scale = np.abs(step_ref[all_src]).max()
+            assert np.abs(got - step_ref[all_src]).max() <= 1e-13 * scale, (n, m)
+            if m == n:   # reloaded on as many ranks: the very same partition and numbering
+                assert np.array_equal(mesh.original_ids.numpy(), mesh.node_ids.numpy())
+            sub.Free()
+
+
+# --------------------------------------------------------------------------- bad input
+def test_bad_files_raise_on_every_rank_naming_the_file(shared_dir):
+    d = shared_dir
+    good = converted(d, 2)
+    h5 = good[:-len(".xdmf")] + ".h5"
+    if COMM.rank == 0:
+        for name in ("trunc", "nogeo"):
+            shutil.copy(good, os.path.join(d, f"{name}.xdmf"))
+            text = open(good).read().replace("bracket2d.h5", f"{name}.h5")
+            open(os.path.join(d, f"{name}.xdmf"), "w").write(text)
+        data = open(h5, "rb").read()
+        open(os.path.join(d, "trunc.h5"), "wb").write(data[:len(data) // 2])
+        shutil.copy(h5, os.path.join(d, "nogeo.h5"))
+        with h5py.File(os.path.join(d, "nogeo.h5"), "r+") as f:
+            del f["/Mesh/geometry"]
+        open(os.path.join(d, "broken.xdmf"), "w").write(open(good).read()[:200])
+    COMM.Barrier()
+    with pytest.raises(ValueError, match="trunc.h5"):
+        read_mesh(os.path.join(d, "trunc.xdmf"), comm=COMM)
+    with pytest.raises(ValueError, match="nogeo.h5.*no dataset '/Mesh/geometry'"):
+        read_mesh(os.path.join(d, "nogeo.xdmf"), comm=COMM)
+    with pytest.raises(ValueError, match="broken.xdmf.*truncated"):
+        read_mesh(os.path.join(d, "broken.xdmf"), comm=COMM)
+    with pytest.raises(FileNotFoundError, match="missing.xdmf"):
+        read_mesh(os.path.join(d, "missing.xdmf"), comm=COMM)
+    with pytest.raises(ValueError, match="no layout saved"):
+        read_mesh(good, comm=COMM, partition="saved")
+    if COMM.size > 1:   # a different file on some rank
+        other = converted(d, 3)
+        mine = good if COMM.rank == 0 else other
+        with pytest.raises(ValueError, match=f"{os.path.basename(mine)}.*different file on some rank"):
+            read_mesh(mine, comm=COMM)
+
+
+def test_bad_meshes_raise_on_every_rank(shared_dir):
+    """Unsupported elements and facet tags naming facets that no cell has."""
+    d = shared_dir
+    if COMM.rank == 0:
+        pts = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0], [1, 1, 0], [.5, 0, 0], [.5, .5, 0], [0, .5, 0]], float)
+        t6 = meshio.Mesh(pts, [("triangle6", np.array([[0, 1, 2, 4, 5, 6]]))])
+        meshio.write(os.path.join(d, "p2.msh"), t6, file_format="gmsh22", binary=False)
+        box = box_mesh((4, 4), cell="triangle", comm=MPI.COMM_SELF)     # 32 triangles
+        xyz = np.c_[box.node_coords.numpy(), np.zeros(box.n_global_nodes)]
+        edges = np.array([[0, 1], [0, box.n_global_nodes - 1]])            # a real edge, then no edge
+        tags = [np.array([5, 6]), np.ones(box.n_global_cells, dtype=int)]
+        bad = meshio.Mesh(xyz, [("line", edges), ("triangle", box.cells.numpy())],
+                          cell_data={"gmsh:physical": tags, "gmsh:geometrical": tags})
+        meshio.write(os.path.join(d, "ghost_facet.msh"), bad, file_format="gmsh22", binary=False)
+    COMM.Barrier()
+    with pytest.raises(ValueError, match=r"p2\.msh.*triangle6"):
+        convert_mesh(os.path.join(d, "p2.msh"), os.path.join(d, "p2.xdmf"), comm=COMM)
+    assert not os.path.exists(os.path.join(d, "p2.xdmf"))
+    out = convert_mesh(os.path.join(d, "ghost_facet.msh"), os.path.join(d, "ghost_facet.xdmf"), comm=COMM)
+    with pytest.raises(ValueError, match=r"ghost_facet\.xdmf.*facets that no cell has"):
+        read_mesh(out, comm=COMM)
+
+
+def test_failed_write_leaves_previous_files(shared_dir, monkeypatch):
+    """A write that fails after the data (here: the index on rank 0) raises on every rank and
+    leaves the previous file set byte for byte, with no temporaries."""
+    from slasolve.fem import xdmf as xdmf_mod
+
+    d = os.path.join(shared_dir, "atomic")
+    if COMM.rank == 0:
+        os.makedirs(d)
+    COMM.Barrier()
+    mesh = box_mesh((3, 2 * COMM.size), cell="quad", comm=COMM)
+    u = mesh.owned_node_coords()[:, 0]
+    target = os.path.join(d, "out.xdmf")
+    write_xdmf(target, mesh, point_data={"u": u})
+    COMM.Barrier()
+    before = {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
+    if COMM.rank == 0:
+        def full_disk(*args, **kwargs):
+            raise OSError(28, "No space left on device (simulated)")
+        monkeypatch.setattr(xdmf_mod, "_xdmf_text", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_xdmf(target, mesh, point_data={"u": u + 1})
+    COMM.Barrier()
+    assert {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))} == before
+    with pytest.raises(ValueError, match="point_data"):
+        write_xdmf(target, mesh, point_data={"u": torch.zeros(1000 + COMM.rank)})
+
+
+# --------------------------------------------------------------------------- the example
+def test_example_fem_solve_on_a_gmsh_mesh(shared_dir, capsys):
+    """examples/fem_solve.py --mesh on the gmsh bracket (a .msh converted once, then the
+    XDMF): clamped and loaded faces from the physical groups; the displacement written as
+    XDMF and read back on this run's ranks equals the solution the example printed."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fem_solve_example",
+                                                  os.path.join(os.path.dirname(DATA), "..", "examples", "fem_solve.py"))
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    msh = os.path.join(shared_dir, "bracket3d.msh")
+    if COMM.rank == 0:
+        shutil.copy(FIXTURES[3], msh)
+    COMM.Barrier()
+    out = os.path.join(shared_dir, "u.xdmf")
+    assert ex.main(["--mesh", msh, "--problem", "elasticity", "--output", out], comm=COMM) == 0
+    printed = capsys.readouterr().out
+    if COMM.rank == 0:
+        assert "764 tetra cells, 843 dofs" in printed and "loaded facets (tag 2)" in printed
+    mesh = read_mesh(out, comm=COMM)
+    u = read_point_data(out, mesh, "u")
+    assert u.shape == (mesh.n_owned, 3)
+    umax = COMM.allreduce(float(u.abs().max()), op=MPI.MAX)
+    if COMM.rank == 0:
+        assert f"max |u| {umax:.6e}" in printed
+
+
+def test_meshio_xdmf_files(shared_dir):
+    """meshio's XDMF: one block (read in parallel, gmsh:physical as cell tags); several blocks
+    (a Mixed topology: read with meshio on rank 0, as before)."""
+    box = box_mesh((4, 2 * COMM.size), cell="triangle", comm=MPI.COMM_SELF)
+    x = box.node_coords.numpy()
+    tags = np.arange(box.n_global_cells) % 3
+    one, mixed = os.path.join(shared_dir, "one.xdmf"), os.path.join(shared_dir, "mixed.xdmf")
+    if COMM.rank == 0:
+        meshio.write(one, meshio.Mesh(x, [("triangle", box.cells.numpy())], cell_data={"gmsh:physical": [tags]}))
+        meshio.write(mixed, meshio.Mesh(x, [("line", np.array([[0, 1]])), ("triangle", box.cells.numpy())]))
+    COMM.Barrier()
+    mesh = read_mesh(one, comm=COMM)
+    check_layout(mesh)
+    assert np.array_equal(mesh.cell_tags.numpy(), tags[mesh.original_cell_ids.numpy()])
+    mesh = read_mesh(mixed, comm=COMM)
+    assert mesh.n_global_cells == box.n_global_cells and mesh.original_cell_ids is None
+
