@@ -98,7 +98,8 @@ assert "site-packages" in slasolve.__file__ and sys.prefix != sys.base_prefix, s
 print("slasolve from", slasolve.__file__)'
 tests=(test_no_petsc.py test_config.py test_notebook.py test_sparse.py test_torch_krylov.py
        test_torch_eigen.py test_fem_mesh.py test_fem_elements.py test_fem_assembly.py test_fem_solve.py
-       test_examples_optim.py test_dsparse.py test_halo.py test_partition.py test_errors.py test_dtensor.py)
+       test_examples_optim.py test_dsparse.py test_halo.py test_partition.py test_errors.py test_dtensor.py
+       test_taylor.py test_timestepping.py test_heat_inverse.py)
 paths=()
 for t in "${tests[@]}"; do [ ! -f "$here/tests/$t" ] || paths+=("$here/tests/$t"); done
 step "pytest (tests that need no PETSc; the others skip)" \
@@ -108,6 +109,7 @@ step "examples/fem_solve.py" timeout 300 "$py" "$ex/fem_solve.py" --n 16
 step "examples/fem_solve.py --check (elasticity)" timeout 300 "$py" "$ex/fem_solve.py" --check --problem elasticity --n 4
 step "examples/inverse_conductivity.py" timeout 300 "$py" "$ex/inverse_conductivity.py" --n 12 --iters 5
 step "examples/topology_optimisation.py" timeout 300 "$py" "$ex/topology_optimisation.py" --nelx 24 --nely 8 --iters 5
+step "examples/heat_inverse.py --check" timeout 300 "$py" "$ex/heat_inverse.py" --check
 cat > "$work/mpi_check.py" <<'EOF'
 # A distributed solve on every rank, checked against SciPy on the whole matrix.
 import numpy as np, scipy.sparse as sp, scipy.sparse.linalg as spla, torch

@@ -13,7 +13,9 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-__all__ = ["local_slice", "replicate", "global_offsets", "poisson_matrix", "grid_coords", "random_matrix",
+from .taylor import TaylorResult, TaylorTestError, taylor_test
+
+__all__ = ["taylor_test", "TaylorResult", "TaylorTestError", "local_slice", "replicate", "global_offsets", "poisson_matrix", "grid_coords", "random_matrix",
            "block_spd_matrix", "spd_matrix", "nonsymmetric_matrix", "symmetric_indefinite_matrix",
            "graph_laplacian", "separated_spectrum_matrix", "repeated_spectrum_matrix", "mass_like_matrix",
            "random_block_matrix", "with_empty_rows", "random_coords", "random_partition",

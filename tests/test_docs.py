@@ -38,6 +38,8 @@ OPTIONAL_DOCTEST_MODULES = [  # run when they exist and import (modules added la
     "slasolve.linalg",
     "slasolve.config",
     "slasolve.plotting",
+    "slasolve.taylor",
+    "slasolve.timestepping.trajectory",
 ]
 MUST_HAVE_EXAMPLES = [
     "slasolve.sparse.SparseTensor",
