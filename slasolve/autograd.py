@@ -154,15 +154,16 @@ class AdjointFunction(torch.autograd.Function):
     ``torch.autograd.grad(..., inputs)``). It then checks the saved tensors against in-place
     changes on every rank (:func:`saved_tensors`) and calls the subclass's
     ``adjoint(ctx, saved, *grads)``. Subclasses set ``name`` (the public function, for the
-    messages) and ``comm(ctx)`` (the communicator of the forward).
+    messages) and, when the forward keeps no operator in ``ctx.dA``, ``comm(ctx)``.
     """
 
     name = ""
 
     @staticmethod
     def comm(ctx):
-        """Local. The communicator of the forward (subclasses)."""
-        raise NotImplementedError
+        """Local. The communicator of the forward: its operator's (``ctx.dA``), unless a
+        subclass keeps it elsewhere."""
+        return ctx.dA.comm
 
     @staticmethod
     def adjoint(ctx, saved, *grads):

@@ -177,10 +177,6 @@ class _DirectSolve(AdjointFunction):
     name = "slasolve.spsolve"
 
     @staticmethod
-    def comm(ctx):
-        return ctx.dA.comm
-
-    @staticmethod
     def adjoint(ctx, saved, g):
         x, _ = saved
         # ONE solve with the transposed operator and the same factors (refactorised only

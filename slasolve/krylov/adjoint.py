@@ -51,10 +51,6 @@ class AdjointSolve(AdjointFunction):
     name = "slasolve.solve"
 
     @staticmethod
-    def comm(ctx):
-        return ctx.dA.comm
-
-    @staticmethod
     def adjoint(ctx, saved, g):
         x, _ = saved
         if ctx.opts.get("pc_fn") is not None:  # the cached solver may have another callable now
