@@ -690,8 +690,8 @@ def tfqmr(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor]
     ``callback``); when it passes the test, the true residual is computed (one more
     product and reduction) and decides, so "converged" always means the true residual
     passed; when it does not pass, the recurrences restart from it. Breakdown (``rhat.v == 0`` or ``rho == 0``): ``DIVERGED_BREAKDOWN``.
-    ``relative_to_initial``: ``rtol`` relative to ``||b - A x0||`` (SciPy's ``tfqmr``)
-    instead of ``||b||``. Returns ``(x, info)``.
+    ``relative_to_initial``: ``rtol`` relative to ``min(||b - A x0||, ||b||)`` (SciPy's
+    ``tfqmr`` uses ``||b - A x0||``) instead of ``||b||``. Returns ``(x, info)``.
     """
     run = _Run("tfqmr", b, x0, matvec, reduce_sum, rtol, atol, maxiter, callback, record_history)
     x, r, red = run.x, run.r, run.reduce
@@ -700,7 +700,9 @@ def tfqmr(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor]
     if relative_to_initial and rr == 0.0:       # x0 solves it (start() would return zeros)
         run.start(1.0, 0.0, ng)
         return x, run.finish(run.conv_reason(0.0), 0, 0.0)
-    done = run.start(rr if relative_to_initial else bb, rr, ng)
+    # SciPy's tfqmr measures tol against ||b - A x0||; against the smaller of it and ||b|| here, so
+    # info == 0 also means SciPy's usual ||b - A x|| <= tol ||b|| (its own tests check that)
+    done = run.start(min(rr, bb) if relative_to_initial else bb, rr, ng)
     if done is not None:
         return run.x, done
 

@@ -242,8 +242,8 @@ def _krylov(method, A, b, x0, tol, maxiter, M, callback, *, rtol, atol, has_atol
         atol_eff = rel if bnorm == 0 else rel * bnorm
     elif relative_to_r0 and x0_t is not None and (sys_.dA is None or callback is not None):
         atol_eff = None   # the kernel measures tol against ||b - A x0|| (no extra product)
-    elif relative_to_r0 and x0_t is not None:   # SciPy's tfqmr: tol relative to ||b - A x0||
-        atol_eff = max(abs_, rel * _norm(sys_, b_t - sys_.op(x0_t)))
+    elif relative_to_r0 and x0_t is not None:   # SciPy's tfqmr: tol relative to ||b - A x0|| (see tfqmr)
+        atol_eff = max(abs_, rel * min(bnorm, _norm(sys_, b_t - sys_.op(x0_t))))
     else:
         atol_eff = max(abs_, rel * bnorm)
     if method == "gmres":
@@ -353,7 +353,9 @@ def tfqmr(A, b, x0=None, tol=1e-05, maxiter=None, M=None, callback=None, atol=No
     """Collective. :func:`scipy.sparse.linalg.tfqmr`: transpose-free QMR, ``(x, info)``.
 
     SciPy 1.10's signature and meaning: the test is ``||b - A x|| <= max(atol,
-    tol ||b - A x0||)`` (relative to the initial residual, ``atol`` default 0),
+    tol ||b - A x0||)`` (relative to the initial residual, ``atol`` default 0; slasolve
+    takes the smaller of ``||b - A x0||`` and ``||b||``, so a converged answer also meets
+    ``tol ||b||``),
     ``maxiter`` (default ``min(10000, 10 n)``) counts half-steps, ``show`` prints a
     summary. SciPy stops when TFQMR's residual bound passes; slasolve then checks the
     true residual and continues if it does not (see :mod:`slasolve.linalg`).
