@@ -112,8 +112,9 @@ class Pattern:
     def mirror(self, offset: int) -> tuple:
         """``(inner, perm)`` for a block of rows ``offset .. offset + M`` of a larger
         matrix (``N`` global columns): ``inner`` marks the entries whose column is one of
-        these rows, and ``values[inner][perm]`` is each such entry's mirror ``(j, i)``;
-        ``perm`` is None when a mirror is not stored (the pattern is not symmetric there)."""
+        these rows (None when every entry is), and ``values[inner][perm]`` is each such
+        entry's mirror ``(j, i)``; ``perm`` is None when a mirror is not stored (the
+        pattern is not symmetric there)."""
         offset = int(offset)
         if offset not in self._mirror:
             rows, cols = self.rows(), self.indices - offset
@@ -129,7 +130,7 @@ class Pattern:
                     perm = order[pos]
             else:
                 perm = torch.zeros(0, dtype=torch.int64, device=self.device)
-            self._mirror[offset] = (inner, perm)
+            self._mirror[offset] = (None if bool(inner.all()) else inner, perm)
         return self._mirror[offset]
 
     def scalar(self, br: int, bc: int) -> tuple:

@@ -56,12 +56,12 @@ def _exactly_symmetric(mat, dA=None) -> bool:
         loc = dA.local.scalar() if dA.local.is_block else dA.local
         inner, perm = loc.pattern.mirror(L.rstart * L.br)
         v = loc.values.detach()
-        v_in = v[inner]
+        v_in = v if inner is None else v[inner]
         bad = perm is None or not torch.equal(v_in[perm], v_in)
         comm = dA.comm
         if comm.Get_size() == 1:
             return not bad
-        outer = ~inner
+        outer = torch.zeros_like(v, dtype=torch.bool) if inner is None else ~inner
         rows = loc.pattern.rows()[outer].cpu().numpy().astype(np.uint64) + np.uint64(L.rstart * L.br)
         cols = loc.pattern.indices[outer].cpu().numpy().astype(np.uint64)
         bits = np.ascontiguousarray(v[outer].cpu().numpy().astype(np.float64)).view(np.uint64)
