@@ -373,7 +373,27 @@ and `-n 2`, in a checkout of each commit.
 k=6), slasolve-slepc / raw slepc4py in one run: 1.60 at the session's start (3c5924d); 1.88 with the
 explicit-residual refinement applied to every problem (every round was discarded here, 0.3 s of
 MUMPS solves); 1.80 with it restricted to generalized problems without `sigma` (00d18fb). Runs a few
-minutes apart on a loaded 2-core machine; the 1.62 / 1.59 rows above (n=250k) were not rerun.
+minutes apart on a loaded 2-core machine.
+
+### eigsh with the inertia verification (third session of 2026-11-26)
+
+The multiplicity verification now counts eigenvalues by Sylvester's law of inertia where it applies
+(SLEPc, `sigma`, standard float64 problem, no gradient: one MUMPS LDL^T of `A - (sigma + rho) I`, AMF
+ordering) instead of a deflated Krylov-Schur re-solve; the re-solve remains the fallback when the
+count exceeds k. The eigsh rows above (n = 250k, `--no-torch`: the native LOBPCG row takes 4 minutes
+and was not rerun) were measured with it at load ~1-4: 1.20 at 1 rank and 1.07 at 2 ranks, against
+1.62 / 1.59 before (target <= 1.15: met at 2 ranks, not at 1). The remaining cost is the inertia
+factorisation (0.3 s of 6.4 s). SciPy's ARPACK is faster than both SLEPc rows (0.71-0.75x raw
+slepc4py) because MUMPS' solve phase is slow here: 60 ms per solve at 90k unknowns against 7 ms
+for PETSc's own LU (measured by hand; the ST's 40 solves dominate).
+
+### spsolve's exact-symmetry test without PETSc's transpose (third session of 2026-11-26)
+
+At 2+ ranks the test that picks Cholesky over LU used PETSc's explicit transpose and subtraction
+(2-rank Poisson auto-Cholesky 1.22x raw). It now compares entries mirrored within a rank through the
+pattern's cached mirror permutation (exact) and the entries between ranks through a 64-bit multiset
+hash (two seeds, one Allreduce). The direct rows above were rerun with it: 2 ranks 1.05 / 1.08
+(Poisson LU / Cholesky), 1.03 / 1.10 (elasticity); 1 rank 1.06 / 1.05 / 1.02 / 1.10.
 
 ### Parallel mesh read + partition + distribution (issue 21; `bench/mesh_io.py`, measured by hand on 2026-11-26, not by run_all)
 
