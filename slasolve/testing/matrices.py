@@ -1,74 +1,18 @@
-"""Helpers for testing distributed code: replicated <-> sharded tensors with autograd.
-
-``torch.autograd.gradcheck`` perturbs inputs one entry at a time, so every rank
-must see the same inputs in the same order. Wrap a distributed function as
-``global input (same on all ranks) -> local_slice -> op -> replicate -> global
-output`` and gradcheck that on every rank at once.
-"""
+"""The test suite's matrices: small reference matrices, the named random families of the
+property tests (docs/testing.md), their distribution over ranks, the SIMP topology system.
+Every rank builds the same global matrix from the same seed."""
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
-from mpi4py import MPI
 
-from .taylor import TaylorResult, TaylorTestError, taylor_test
-
-__all__ = ["taylor_test", "TaylorResult", "TaylorTestError", "local_slice", "replicate", "global_offsets", "poisson_matrix", "grid_coords", "random_matrix",
-           "block_spd_matrix", "spd_matrix", "nonsymmetric_matrix", "symmetric_indefinite_matrix",
-           "graph_laplacian", "separated_spectrum_matrix", "repeated_spectrum_matrix", "mass_like_matrix",
-           "random_block_matrix", "with_empty_rows", "random_coords", "random_partition",
-           "eig_selection_error", "residual_bound_ok", "property_config", "collective_property", "simp_mbb_system"]
-
-
-class _LocalSlice(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_global, start, end, comm):
-        ctx.meta = (start, end, comm, x_global.shape)
-        return x_global[start:end].clone()
-
-    @staticmethod
-    def backward(ctx, g):
-        start, end, comm, shape = ctx.meta
-        full = g.new_zeros(shape)
-        full[start:end] = g
-        if comm.Get_size() > 1:
-            buf = full.detach().cpu().numpy().copy()
-            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-            full = torch.from_numpy(buf).to(g.device)
-        return full, None, None, None
-
-
-class _Replicate(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_local, comm):
-        parts = comm.allgather(x_local.detach().cpu())
-        sizes = [p.shape[0] for p in parts]
-        ctx.meta = (comm, int(np.sum(sizes[: comm.Get_rank()])), x_local.shape[0])
-        return torch.cat(parts, 0).to(x_local.device)
-
-    @staticmethod
-    def backward(ctx, g):
-        comm, start, n = ctx.meta
-        return g[start:start + n].clone(), None
-
-
-def local_slice(x_global: torch.Tensor, start: int, end: int, comm) -> torch.Tensor:
-    """Collective in backward. Rows ``[start, end)`` of a replicated tensor; the
-    backward sums every rank's gradient, so the global gradient is replicated."""
-    return _LocalSlice.apply(x_global, int(start), int(end), comm)
-
-
-def replicate(x_local: torch.Tensor, comm) -> torch.Tensor:
-    """Collective. Concatenate every rank's rows (rank order), differentiably."""
-    return _Replicate.apply(x_local, comm)
-
-
-def global_offsets(comm, n_local: int) -> Sequence[int]:
-    """Collective. Ownership offsets from the local sizes."""
-    counts = comm.allgather(int(n_local))
-    return np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
+__all__ = ["poisson_matrix", "grid_coords", "random_matrix", "block_spd_matrix", "spd_matrix",
+           "nonsymmetric_matrix", "symmetric_indefinite_matrix", "graph_laplacian", "separated_spectrum_matrix",
+           "repeated_spectrum_matrix", "mass_like_matrix", "random_block_matrix", "with_empty_rows",
+           "random_coords", "random_partition", "MATRIX_KINDS", "case_matrix", "distribute", "distribute_or_none",
+           "simp_mbb_system"]
 
 
 # -- small test matrices (global, SciPy CSR; every rank builds the same one) ----
@@ -310,186 +254,13 @@ def random_coords(n: int, d: int = 2, seed: int = 0) -> np.ndarray:
 def random_partition(n: int, nparts: int, seed: int = 0):
     """Local. A random :class:`slasolve.partition.Partition` of ``n`` rows into
     ``nparts`` non-empty parts (rows scattered across parts, not contiguous)."""
-    from .partition import Partition
+    from ..partition import Partition
     if not 1 <= nparts <= n:
         raise ValueError(f"need 1 <= nparts <= n, got nparts={nparts}, n={n}")
     rng = np.random.default_rng(seed)
     parts = rng.integers(0, nparts, n)
     parts[rng.permutation(n)[:nparts]] = np.arange(nparts)
     return Partition.from_parts(parts, nparts, method="random")
-
-
-# -- reference checks ---------------------------------------------------------------
-
-_WHICH_KEYS = {
-    "LA": lambda w, s: -w,
-    "SA": lambda w, s: w,
-    "LM": lambda w, s: -np.abs(w),
-    "SM": lambda w, s: np.abs(w),
-}
-
-
-def eig_selection_error(w, reference, k: int, which: str = "LM", sigma: Optional[float] = None) -> float:
-    """Local. How far ``w`` (``k`` computed eigenvalues) is from a valid answer of
-    ``eigsh(k, which, sigma)`` for a problem whose full spectrum (with multiplicity) is
-    ``reference``: the largest of (a) the distance of the selection keys (``-w`` for
-    "LA", ``|w|`` for "SM", ``|w - sigma|`` with ``sigma``, ...) from the ``k`` best
-    keys of ``reference`` and (b) the distance of each ``w`` from a distinct reference
-    eigenvalue (greedy matching, so a dropped copy of a repeated eigenvalue counts).
-    Ties at the selection boundary are therefore accepted either way."""
-    w = np.sort(np.asarray(w, dtype=float).ravel())
-    ref = np.asarray(reference, dtype=float).ravel()
-    if w.size != k:
-        return float("inf")
-    key = (lambda v: np.abs(v - sigma)) if sigma is not None else (lambda v: _WHICH_KEYS[which](v, None))
-    best = np.sort(key(ref))[:k]
-    err = float(np.max(np.abs(np.sort(key(w)) - best)))
-    free = np.ones(ref.size, dtype=bool)
-    for v in w:  # k <= a few dozen: a loop over the computed values only
-        d = np.where(free, np.abs(ref - v), np.inf)
-        j = int(np.argmin(d))
-        free[j] = False
-        err = max(err, float(d[j]))
-    return err
-
-
-def residual_bound_ok(A, b, x, rtol: float, atol: float, slack: float = 1.05) -> tuple:
-    """Local. ``(ok, ||b - A x||, bound)`` for SciPy's criterion
-    ``||b - A x|| <= max(rtol ||b||, atol)``, with a relative ``slack`` and a
-    round-off allowance ``100 eps ||A||_1 ||x||`` (the Krylov recurrences track an
-    updated, not the true, residual)."""
-    r = float(np.linalg.norm(b - A @ x))
-    an = float(abs(A).sum(axis=0).max()) if A.shape[0] else 0.0
-    bound = slack * max(rtol * float(np.linalg.norm(b)), atol) \
-        + 100 * np.finfo(float).eps * an * float(np.linalg.norm(x))
-    return r <= bound, r, bound
-
-
-# -- collective property-based tests (hypothesis under MPI) ---------------------------
-
-def property_config() -> dict:
-    """Local. The property-test settings from the environment (docs/testing.md):
-    ``SLASOLVE_PROPERTY_FULL=1`` (many examples, shrinking on), ``SLASOLVE_PROPERTY_EXAMPLES``
-    (override the number of examples of every property), ``SLASOLVE_PROPERTY_SEED``
-    (an int, default 0: the CI slice is the same on every run; ``random``: a fresh seed,
-    printed) and ``SLASOLVE_PROPERTY_SHRINK`` (0/1, default: on in full mode only)."""
-    import os
-    full = os.environ.get("SLASOLVE_PROPERTY_FULL", "0") not in ("", "0", "false", "no")
-    ex = os.environ.get("SLASOLVE_PROPERTY_EXAMPLES", "")
-    seed = os.environ.get("SLASOLVE_PROPERTY_SEED", "0")
-    shrink = os.environ.get("SLASOLVE_PROPERTY_SHRINK", "1" if full else "0")
-    return {"full": full, "examples": int(ex) if ex.strip() else None,
-            "seed": seed.strip() or "0", "shrink": shrink not in ("", "0", "false", "no")}
-
-
-def _describe(e: BaseException) -> str:
-    import traceback
-    tb = traceback.extract_tb(e.__traceback__)
-    where = "".join(traceback.format_list(tb[-3:])) if tb else ""
-    notes = "\n".join(getattr(e, "__notes__", []) or [])
-    return f"{type(e).__name__}: {e}\n{where}{notes}".rstrip()
-
-
-def _run_collective_example(comm, example, check) -> Optional[str]:
-    """Collective. Run ``check(example)`` on every rank; the combined verdict (None
-    or the failing ranks' messages) is identical on every rank."""
-    err = None
-    try:
-        check(example)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as e:  # any failure on any rank (pytest.fail/raises too) fails it on every rank
-        err = _describe(e)
-    errs = comm.allgather(err) if comm.Get_size() > 1 else [err]
-    bad = [(r, m) for r, m in enumerate(errs) if m is not None]
-    if not bad:
-        return None
-    return "\n".join(f"[rank {r}] {m}" for r, m in bad)
-
-
-def collective_property(comm, strategy, check, *, name: str, examples: int = 8,
-                        full_examples: int = 200, explicit: Sequence = ()) -> None:
-    """Collective. Property-based test of ``check`` over ``strategy`` on every rank of
-    ``comm``, with hypothesis driven by rank 0 only.
-
-    Rank 0 runs hypothesis and broadcasts each example (a small picklable value, e.g. a
-    dict of ints and names) before every rank runs ``check(example)``; any exception on
-    any rank fails that example on every rank (one ``allgather``), so rank 0's
-    hypothesis sees the outcome of the whole communicator and shrinks it. The other
-    ranks just follow the broadcasts until rank 0 says stop, then raise rank 0's
-    failure. Hypothesis' own run is *not* reproducible across processes after a
-    failure (its engine stops searching and shrinking on wall-clock limits), which is
-    why ranks never run it independently.
-
-    Parameters
-    ----------
-    comm : MPI.Comm
-    strategy : hypothesis strategy producing the examples
-    check : callable(example), collective; raises (e.g. ``AssertionError``) on failure
-    name : str
-        Seeds the (deterministic) generation: every property draws its own sequence.
-    examples, full_examples : int
-        Examples in the CI slice and with ``SLASOLVE_PROPERTY_FULL=1``
-        (``SLASOLVE_PROPERTY_EXAMPLES`` overrides both).
-    explicit : sequence
-        Examples always run first (known regressions), as hypothesis' ``@example``.
-    """
-    cfg = property_config()
-    rank, size = comm.Get_rank(), comm.Get_size()
-    if rank != 0:
-        _follow(comm, check)
-        return
-    n = cfg["examples"] if cfg["examples"] is not None else (full_examples if cfg["full"] else examples)
-    final = None
-    try:
-        _drive(comm, strategy, check, name, n, cfg, explicit)
-    except BaseException as e:
-        final = _describe(e)
-        raise
-    finally:
-        if size > 1:
-            comm.bcast(("stop", final), root=0)
-
-
-def _follow(comm, check) -> None:
-    while True:
-        kind, payload = comm.bcast(None, root=0)
-        if kind == "stop":
-            break
-        _run_collective_example(comm, payload, check)
-    if payload is not None:
-        raise AssertionError(f"property failed (as reported by rank 0):\n{payload}")
-
-
-def _drive(comm, strategy, check, name, n, cfg, explicit) -> None:
-    import hashlib
-    from hypothesis import HealthCheck, Phase, Verbosity, example, given, seed, settings
-    if cfg["seed"] == "random":
-        s = int(np.random.SeedSequence().entropy % (2 ** 62))
-        print(f"\n[{name}] SLASOLVE_PROPERTY_SEED={s}", flush=True)
-    else:
-        s = int(cfg["seed"])
-    phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if cfg["shrink"] else [])
-
-    def run_one(ex):
-        if comm.Get_size() > 1:
-            comm.bcast(("example", ex), root=0)
-        msg = _run_collective_example(comm, ex, check)
-        if msg is not None:
-            raise AssertionError(msg)
-
-    import re
-    run_one.__name__ = run_one.__qualname__ = "property_" + re.sub(r"\W", "_", name)
-    test = given(strategy)(run_one)
-    for ex in reversed(list(explicit)):
-        test = example(ex)(test)
-    test = settings(max_examples=max(int(n), 1), derandomize=False, database=None, deadline=None,
-                    suppress_health_check=list(HealthCheck), phases=phases,
-                    report_multiple_bugs=False, verbosity=Verbosity.normal,
-                    print_blob=False)(test)
-    digest = hashlib.blake2b(f"{name}:{s}".encode(), digest_size=8).digest()
-    test = seed(int.from_bytes(digest, "little") >> 2)(test)
-    test()
 
 
 # -- named matrix families for property tests ------------------------------------------
@@ -555,7 +326,7 @@ def distribute(A, comm, partition: str = "contiguous", coords=None, seed: int = 
     """Collective. ``DSparseTensor.from_global(A, comm, ...)`` with a named partition:
     ``contiguous``, ``metis``, ``rcb``, ``hilbert`` (with ``coords``) or ``random``
     (:func:`random_partition` of the block rows, seeded)."""
-    from .dsparse import DSparseTensor
+    from ..dsparse import DSparseTensor
     if partition == "random":
         nb = A.shape[0] // (A.blocksize[0] if hasattr(A, "blocksize") else 1)
         part = random_partition(nb, comm.Get_size(), seed)
@@ -582,7 +353,7 @@ def simp_mbb_system(comm, nelx: int, nely: int):
     """Collective. The SIMP plane-stress MBB beam of ``examples/topology_optimisation.py``:
     ``(system, mesh)`` with ``system(rho) -> (K_bc, f_bc)`` for per-cell densities ``rho``
     (this rank's cells of the ``nelx x nely`` quad mesh)."""
-    from .fem import Assembler, DirichletBC, boundary_dofs, box_mesh
+    from ..fem import Assembler, DirichletBC, boundary_dofs, box_mesh
     mesh = box_mesh((nelx, nely), upper=(nelx, nely), cell="quad", comm=comm)
     space = Assembler(mesh, block_size=2)
     left = boundary_dofs(space, lambda x: x[:, 0] < 1e-9, components=[0])
