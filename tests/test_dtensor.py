@@ -412,13 +412,8 @@ def test_training_step_matches_single_process(mesh, wrap):
 def test_learned_closure_example():
     """examples/learned_closure.py --check: FSDP2 training through the DTensor solve, loss
     history equal (1e-6) to the one-process plain-tensor run, and decreasing."""
-    import importlib.util
-    import os
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
-                        "learned_closure.py")
-    spec = importlib.util.spec_from_file_location("_example_learned_closure", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from example_loader import load_example
+    mod = load_example("learned_closure")
     out = mod.main(["--n", "6", "--iters", "4", "--check", "--quiet", "--backend", "torch"])
     assert len(out["history"]) == 5 and out["history"][-1] < out["history"][0]
 

@@ -10,7 +10,6 @@ the density filter equals the 88-line code's H / Hs; the noise is rank-count ind
 
 Run serially and under mpirun -n 2 / 4 with --with-mpi.
 """
-import importlib.util
 import os
 
 import numpy as np
@@ -22,20 +21,14 @@ import torch
 import slasolve.krylov
 from mpi4py import MPI
 
+from example_loader import load_example
+
 from slasolve.fem import DensityFilter, box_mesh, cell_laplacian, elasticity_stiffness
 from slasolve.testing import local_slice
 
 pytestmark = pytest.mark.mpi
 
 COMM = MPI.COMM_WORLD
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_example(name):
-    spec = importlib.util.spec_from_file_location(f"_example_{name}", os.path.join(ROOT, "examples", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 topo = load_example("topology_optimisation")

@@ -373,12 +373,8 @@ def test_example_fem_solve_on_a_gmsh_mesh(shared_dir, capsys):
     """examples/fem_solve.py --mesh on the gmsh bracket (a .msh converted once, then the
     XDMF): clamped and loaded faces from the physical groups; the displacement written as
     XDMF and read back on this run's ranks equals the solution the example printed."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fem_solve_example",
-                                                  os.path.join(os.path.dirname(DATA), "..", "examples", "fem_solve.py"))
-    ex = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ex)
+    from example_loader import load_example
+    ex = load_example("fem_solve")
     msh = os.path.join(shared_dir, "bracket3d.msh")
     if COMM.rank == 0:
         shutil.copy(FIXTURES[3], msh)

@@ -3,7 +3,6 @@ adjoint gradients through assembly + Dirichlet + solve, and examples/fem_solve.p
 
 Run serially and under mpirun -n 2 / 4 with --with-mpi.
 """
-import importlib.util
 import os
 
 import numpy as np
@@ -17,10 +16,11 @@ from slasolve.fem import Assembler, DirichletBC, boundary_dofs, box_mesh, manufa
 from slasolve.fem.problems import assemble_manufactured, convergence_rates
 from slasolve.testing import local_slice, replicate
 
+from example_loader import load_example
+
 pytestmark = pytest.mark.mpi
 
 COMM = MPI.COMM_WORLD
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def gather_vec(x):
@@ -144,10 +144,7 @@ def test_bad_solve_inputs_raise_everywhere():
 
 # ---------------------------------------------------------------- the example
 def _load_example():
-    spec = importlib.util.spec_from_file_location("fem_solve_example", os.path.join(ROOT, "examples", "fem_solve.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_example("fem_solve")
 
 
 def test_example_check(capsys):

@@ -5,23 +5,16 @@ ParaView time series (XDMF + HDF5, or .pvd naming one .pvtu per time).
 
 Run serially and under mpirun -n 2 / 4 with --with-mpi.
 """
-import importlib.util
 import os
 
 import pytest
 from mpi4py import MPI
 
+from example_loader import load_example
+
 pytestmark = pytest.mark.mpi
 
 COMM = MPI.COMM_WORLD
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_example(name):
-    spec = importlib.util.spec_from_file_location(f"_example_{name}", os.path.join(ROOT, "examples", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.skipif(COMM.size > 2, reason="test-time budget: 1 and 2 ranks")
