@@ -18,6 +18,7 @@ ENV_ABORT = "SLASOLVE_ABORT_ON_EXCEPTION"
 ENV_TIMEOUT = "SLASOLVE_EXIT_TIMEOUT"
 DEFAULT_EXIT_TIMEOUT = 600.0
 NONZERO_EXIT_GRACE = 5.0
+ABORT_GRACE = 0.3   # seconds between printing the traceback and MPI_Abort
 _TAG_ASK, _TAG_HERE = 7301, 7302
 
 
@@ -63,6 +64,9 @@ def _abort(status: int) -> None:
             stream.flush()
         except Exception:  # noqa: BLE001
             pass
+    # the launcher forwards a rank's output asynchronously and MPI_Abort kills it with the job:
+    # without a moment's grace the traceback was cut to its first line in 1 of 6 MPICH runs
+    time.sleep(ABORT_GRACE)
     MPI.COMM_WORLD.Abort(int(status) if status else 1)
 
 
