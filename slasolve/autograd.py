@@ -8,54 +8,13 @@ exchange. The adjoint of ``x = A^{-1} b`` is then
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ._comm import check_collective
 from .collectives import global_sum
+from .symmetry import looks_symmetric, symmetry_defect  # noqa: F401  (public here since 0.1)
 
 __all__ = ["matvec_value_grad", "global_sum", "saved_tensors", "symmetry_defect", "AdjointFunction"]
-
-#: a relative defect above this (see :func:`symmetry_defect`) counts as a nonsymmetric matrix:
-#: far above the rounding of the two products and reductions (~sqrt(n) eps), far below the
-#: asymmetries that matter (a gradient is wrong by about the defect)
-SYMMETRY_RTOL = 1e-10
-
-
-def symmetry_defect(dA) -> float:
-    """Collective. A randomized estimate of how far ``A`` is from symmetric:
-    ``|y.(A x) - x.(A y)| / (||A x|| ||y|| + ||A y|| ||x||)`` for two fixed pseudo-random
-    vectors that depend only on the global row index (the same value at every rank
-    count, up to rounding). 0 for a symmetric matrix up to rounding; one product with
-    two columns and one reduction."""
-    from ._comm import allreduce_sum
-    r0, r1 = dA.row_range
-    X = _probe_vectors(r0, r1, dA.dtype, dA.device)
-    with torch.no_grad():
-        AX = dA.detach() @ X
-    x, y, ax, ay = X[:, 0], X[:, 1], AX[:, 0], AX[:, 1]
-    s = allreduce_sum(dA.comm, torch.stack([(y * ax).sum(), (x * ay).sum(), (ax * ax).sum(), (ay * ay).sum(),
-                                            (x * x).sum(), (y * y).sum()]).to(torch.float64).cpu())
-    s = s.tolist()
-    scale = (s[2] * s[5]) ** 0.5 + (s[3] * s[4]) ** 0.5
-    return abs(s[0] - s[1]) / scale if scale > 0 else 0.0
-
-
-@functools.lru_cache(maxsize=4)
-def _probe_vectors(r0: int, r1: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Local. The two probe columns of :func:`symmetry_defect` for global rows ``[r0, r1)``
-    (read only; made once per row range, as every backward of a loop checks the same rows)."""
-    gid = torch.arange(r0, r1, dtype=torch.float64)
-    X = torch.stack([torch.frac(torch.sin(gid * 12.9898 + s) * 43758.5453) - 0.5 for s in (0.0, 1.0)], 1)
-    return X.to(dtype=dtype, device=device)
-
-
-def looks_symmetric(dA) -> bool:
-    """Collective. :func:`symmetry_defect` below ``max(SYMMETRY_RTOL, 1000 eps)`` of ``A``'s dtype
-    (the same decision on every rank: it is made from reduced numbers)."""
-    return symmetry_defect(dA) <= max(SYMMETRY_RTOL, 1000 * torch.finfo(dA.dtype).eps)
-
 
 def saved_tensors(ctx, comm, what: str) -> tuple:
     """Collective. ``ctx.saved_tensors`` of an autograd Function, checked on every rank.

@@ -96,7 +96,17 @@ def fill_petsc_mat(mat, dA) -> None:
     mat.assemble()
 
 
-def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None):
+def values_differ(dA, mat_type: Optional[str] = None) -> Optional[bool]:
+    """Local. Whether this rank's values of ``dA`` differ from those its cached PETSc Mat of
+    ``mat_type`` holds (the comparison :func:`to_petsc_mat` makes), or None when no such Mat
+    is cached yet. A caller that combines the answers over the ranks in one of its own
+    reductions passes the result to ``to_petsc_mat(..., changed=)``."""
+    L = dA._need_row_shard("to_petsc")
+    entry = L.cache("petsc_mats").get(_default_type(dA) if mat_type is None else mat_type)
+    return None if entry is None else _differs_here(entry, dA.values.detach())
+
+
+def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None, changed: Optional[bool] = None):
     """Collective. The cached PETSc Mat of ``dA``, created on first use and refilled in place
     when ``dA``'s values differ from the values last written into it.
 
@@ -113,7 +123,9 @@ def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None):
     silently kept old values would give wrong solves and wrong gradients. Only a
     refill changes the Mat's state, so an unchanged matrix keeps its preconditioner.
     Each rank compares its own rows; since the refill is collective, the answers are
-    combined with one Allreduce(MAX) (only when the communicator has several ranks).
+    combined with one Allreduce(MAX) (only when the communicator has several ranks), or
+    ``changed`` is that combined answer already (:func:`values_differ` on every rank, reduced
+    by the caller; ignored when the Mat is created now).
     """
     L = dA._need_row_shard("to_petsc")
     mat_type = _default_type(dA) if mat_type is None else mat_type
@@ -128,7 +140,7 @@ def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None):
             entry = mats[mat_type] = [mat, None if view is not None else vals.clone(), view]
     elif refill:
         with _log.phase("refill", _log.event("slaMatRefill")):
-            if _changed_anywhere(dA.comm, entry, vals):
+            if _changed_anywhere(dA.comm, entry, vals) if changed is None else changed:
                 fill_petsc_mat(entry[0], dA)
                 snap = entry[1]
                 if snap is None:
@@ -158,6 +170,14 @@ def _values_view(dA, L, mat):
 
 def _changed_anywhere(comm, entry, vals: torch.Tensor) -> bool:
     """Collective. True on every rank when any rank's values differ from what its Mat holds."""
+    from mpi4py import MPI
+    from ._comm import allreduce_int
+    return bool(allreduce_int(comm, int(_differs_here(entry, vals)), MPI.MAX))
+
+
+def _differs_here(entry, vals: torch.Tensor) -> bool:
+    """Local. Whether ``vals`` differ from what this rank's Mat of the cache ``entry`` holds
+    (True when that cannot be told: refill)."""
     snapshot, view = entry[1], entry[2]
     if view is not None:
         try:  # local, before the Allreduce: never raise on one rank here
@@ -168,9 +188,7 @@ def _changed_anywhere(comm, entry, vals: torch.Tensor) -> bool:
     else:
         mine = not (snapshot.shape == vals.shape and snapshot.dtype == vals.dtype
                     and snapshot.device == vals.device and torch.equal(snapshot, vals))
-    from mpi4py import MPI
-    from ._comm import allreduce_int
-    return bool(allreduce_int(comm, int(mine), MPI.MAX))
+    return bool(mine)
 
 
 def tensor_to_vec(x: torch.Tensor, comm=None, *, global_size: Optional[int] = None, bsize: int = 1):

@@ -393,3 +393,30 @@ def test_other_tolerances_neither_capped_nor_judged(comm, mode):
     K, f = system(rhos[0] * 1.02)
     _, again = slasolve.solve(K, f, "cg", rtol=1e-6, **kw)
     assert not again.pc_reuse["rebuilt"] and not again.pc_reuse["retried"]
+
+
+@pytest.mark.timeout(120)
+def test_kept_preconditioner_is_rebuilt_for_the_same_values(comm):
+    """A solve with ``reuse_pc=True`` on new values keeps the old GAMG; the next solve on the
+    SAME values without reuse must build one for them (the set-up is skipped only when the
+    preconditioner was built for the operator's current values), with a fresh KSP's count;
+    a third identical call sets nothing up."""
+    system, nc, off, n = _simp(comm, 24, 10)
+    rhos = _densities(comm, nc, off, n)
+    count = _events()
+    K0, f0 = system(rhos[0])
+    slasolve.solve(K0, f0, "cg", pc="gamg", rtol=1e-10, reuse_pc=False)
+    K, f = system(rhos[1])
+    c0 = count()
+    _, kept = slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, maxiter=600, return_info=True, reuse_pc=True)
+    c1 = count()
+    x, info = slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, maxiter=600, return_info=True, reuse_pc=False)
+    c2 = count()
+    _, again = slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, maxiter=600, return_info=True, reuse_pc=False)
+    c3 = count()
+    _, fresh = slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, maxiter=600, return_info=True,
+                              options_prefix="fresh_same_values_", reuse_pc=False)
+    assert not kept.pc_reuse["retried"]
+    assert c1["gamg"] - c0["gamg"] == 0 and c2["gamg"] - c1["gamg"] == 1 and c3["gamg"] == c2["gamg"]
+    assert info.iterations == again.iterations == fresh.iterations
+    _close(x, _scipy_ref(K, f, comm), comm, 1e-7)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+from ..symmetry import exactly_symmetric
 from ..petsc import PETSc, create_petsc_mat, fill_petsc_mat, garbage_cleanup, temporary_options
 from ._common import changed_anywhere, raise_factor_error_collective
 from .info import MUMPS_ERRORS, FactorizationError, FactorizationInfo, failed_info
@@ -40,39 +41,13 @@ def _global_scalar_nnz(dA) -> int:
 
 
 def _exactly_symmetric(mat, dA=None) -> bool:
-    """Collective. ``A == A^T`` exactly (pattern and values).
-
-    With ``dA``: the entries whose mirror lies in the same rank's rows are compared
-    through the pattern's cached mirror permutation (exact); the others, the
-    interface between ranks' rows, through a multiset hash: ``sum h(i, j, v)`` and
-    ``sum h(j, i, v)`` over them (64-bit, two independent hashes) are equal on the
-    whole communicator iff the transposed entries are the same multiset, up to a
-    2**-128 chance of a collision. One Allreduce of three integers. Without ``dA``,
-    PETSc's explicit transpose (``||A^T - A||_max == 0``; PETSc 3.18's
+    """Collective. ``A == A^T`` exactly (pattern and values): with ``dA``
+    :func:`slasolve.symmetry.exactly_symmetric` (mirror permutation and multiset hash);
+    without it PETSc's explicit transpose (``||A^T - A||_max == 0``; PETSc 3.18's
     ``MatIsSymmetric`` on MPIAIJ segfaulted on a structurally nonsymmetric 3x3 matrix
     at 2 ranks), which costs ~7-15% of a MUMPS Cholesky forward."""
     if dA is not None:
-        L = dA._layout
-        loc = dA.local.scalar() if dA.local.is_block else dA.local
-        inner, perm = loc.pattern.mirror(L.rstart * L.br)
-        v = loc.values.detach()
-        v_in = v if inner is None else v[inner]
-        bad = perm is None or not torch.equal(v_in[perm], v_in)
-        comm = dA.comm
-        if comm.Get_size() == 1:
-            return not bad
-        outer = torch.zeros_like(v, dtype=torch.bool) if inner is None else ~inner
-        rows = loc.pattern.rows()[outer].cpu().numpy().astype(np.uint64) + np.uint64(L.rstart * L.br)
-        cols = loc.pattern.indices[outer].cpu().numpy().astype(np.uint64)
-        bits = np.ascontiguousarray(v[outer].cpu().numpy().astype(np.float64)).view(np.uint64)
-        acc = np.zeros(3, dtype=np.uint64)
-        acc[0] = bad
-        with np.errstate(over="ignore"):
-            for k, seed in enumerate(_HASH_SEEDS, start=1):
-                acc[k] = _entry_hash(rows, cols, bits, seed).sum() - _entry_hash(cols, rows, bits, seed).sum()
-        total = np.zeros_like(acc)
-        comm.Allreduce(acc, total, op=MPI.SUM)
-        return not total.any()
+        return exactly_symmetric(dA)
     At = PETSc.Mat()
     mat.transpose(At)       # into a new Mat: never the cached operator in place
     try:
@@ -80,22 +55,6 @@ def _exactly_symmetric(mat, dA=None) -> bool:
         return At.norm(PETSc.NormType.INFINITY) == 0.0
     finally:
         At.destroy()
-
-
-_HASH_SEEDS = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xD1B54A32D192ED03))
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser (uint64 arithmetic wraps)."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-def _entry_hash(rows: np.ndarray, cols: np.ndarray, bits: np.ndarray, seed) -> np.ndarray:
-    """A 64-bit hash of each entry ``(row, col, value bits)``, order-sensitive in
-    ``(row, col)``."""
-    return _mix64(_mix64(_mix64(rows ^ seed) + cols) + bits)
 
 
 class PetscFactor:

@@ -76,7 +76,7 @@ from mpi4py import MPI
 
 from .. import _log
 from .._comm import allreduce_int, check_collective
-from ..petsc import PETSc, option_entries, temporary_options
+from ..petsc import PETSc, option_entries, temporary_options, to_petsc_mat, values_differ
 from ..registry import PRECONDITIONERS, krylov_method, petsc_method_name, preconditioner
 from .base import KrylovSolver
 from .info import REASONS, SolveInfo
@@ -200,6 +200,9 @@ class PetscKrylov(KrylovSolver):
         self.symmetric = krylov_method(method).symmetric
         self.method = method
         self._diag_checked: dict = {}   # "main"/"T" -> (error, operator stamp) of the last diagonal check
+        self._set_up_for: dict = {}     # "main"/"T" -> operator stamp + reuse flag of the last successful set-up
+        self._reuse: dict = {}          # "main"/"T" -> the reuse flag PETSc's PC has now
+        self._shells: dict = {}         # "b"/"x" -> a Vec of this layout whose array each solve places
         self.comm = dA.comm
         self.n_global = dA.global_shape[0] * (dA.local.block_shape[0] if dA.local.is_block else 1)
         t0 = time.perf_counter()
@@ -293,13 +296,21 @@ class PetscKrylov(KrylovSolver):
     def _run(self, ksp, dA, b: torch.Tensor, x0: Optional[torch.Tensor], transpose: bool, *, rtol, atol,
              maxiter, callback, record_history, reuse_pc: bool = False,
              reset_operators: bool = True, near_nullspace: Optional[torch.Tensor] = None) -> tuple:
-        if reset_operators:
-            ksp.setOperators(dA.to_petsc(mat_type="aij"))  # refilled in place when the values changed
         bb = b.detach().to(device="cpu", dtype=torch.float64).contiguous()
-        B = _vec(bb, self.n_global, self.comm)
-        bnorm = B.norm()
+        if reset_operators:
+            # one reduction: whether any rank's values changed (the Mat is refilled in place
+            # then) and ||b|| (the local 2-norm squared and summed, as PETSc's VecNorm does)
+            differ = values_differ(dA, "aij")
+            flags = np.array([float(bool(differ)), float(torch.linalg.vector_norm(bb)) ** 2])
+            if self.comm.Get_size() > 1:
+                self.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.SUM)
+            ksp.setOperators(to_petsc_mat(dA, mat_type="aij", changed=bool(flags[0])))
+            bnorm = math.sqrt(flags[1])
+        B = self._over("b", bb)
+        if not reset_operators:
+            bnorm = B.norm()
         if bnorm == 0.0:  # SciPy: x = 0 whatever x0
-            B.destroy()
+            B.resetArray()
             return torch.zeros_like(b), self._info("CONVERGED_ATOL", 0, 0.0, [0.0] if record_history else None,
                                                    0.0, 0.0, rtol, atol)
         ov = self._overrides
@@ -314,8 +325,8 @@ class PetscKrylov(KrylovSolver):
         if max_it == 0:  # PETSc's KSPs still take one step; test the initial guess only (torch backend)
             return self._initial_guess_only(ksp, B, x, b, r, a, bnorm, rtol, atol, record_history, transpose)
         ksp.setInitialGuessNonzero(x0 is not None or ksp.getType() in _GUESS_STATE)
-        ksp.getPC().setReusePreconditioner(bool(reuse_pc))
-        X = _vec(x, self.n_global, self.comm)
+        self._set_reuse(ksp, bool(reuse_pc))
+        X = self._over("x", x)
         mon = self._monitor
         mon.history = [] if record_history else None
         mon.callback = callback
@@ -323,7 +334,7 @@ class PetscKrylov(KrylovSolver):
         try:
             self._call_set_up(ksp, dA, near_nullspace)
         except ValueError:
-            B.destroy(), X.destroy()
+            B.resetArray(), X.resetArray()
             raise
         t1 = time.perf_counter()
         try:
@@ -349,7 +360,7 @@ class PetscKrylov(KrylovSolver):
         finally:
             mon.history = mon.callback = None
             _clear_near_nullspace(ksp)
-            B.destroy(), X.destroy()
+            B.resetArray(), X.resetArray()
         if absolute and reason == "CONVERGED_ATOL" and not (atol > 0 and rnorm <= atol):
             reason = "CONVERGED_RTOL"
         info = self._info(reason, its, rnorm, history, t1 - t0, t2 - t1, rtol, atol, ksp)
@@ -371,6 +382,11 @@ class PetscKrylov(KrylovSolver):
         key = "main" if ksp is self.ksp else "T"
         op = ksp.getOperators()[0]
         stamp = (op.handle, op.stateGet(), ksp.getPC().getType())
+        if self._set_up_for.get(key) == stamp + (self._reuse.get(key),):
+            # set up on this operator state and nothing rebuilt since (every rank's state moves
+            # only in collective refills, so every rank takes this branch alike): PETSc's set-up
+            # would do nothing, and there is nothing to check or combine
+            return
         try:
             if checked.get(key, (None, None))[1] != stamp:
                 checked.pop(key, None)
@@ -393,6 +409,7 @@ class PetscKrylov(KrylovSolver):
             err = ValueError(f"PETSc could not set up the preconditioner {sub!r} for this matrix: "
                              f"{_petsc_message(e)}{hint}")
         check_collective(self.comm, err)
+        self._set_up_for[key] = stamp + (self._reuse.get(key),)
 
     def _initial_guess_only(self, ksp, B, x, b, r, a, bnorm, rtol, atol, record_history, transpose):
         X = _vec(x, self.n_global, self.comm)
@@ -401,7 +418,7 @@ class PetscKrylov(KrylovSolver):
         (op.multTranspose if transpose else op.mult)(X, R)
         R.aypx(-1.0, B)  # R = B - A X
         rnorm = R.norm()
-        R.destroy(), X.destroy(), B.destroy()
+        R.destroy(), X.destroy(), B.resetArray()
         tol = max(r * bnorm, a)
         reason = ("DIVERGED_ITS" if not rnorm <= tol else
                   "CONVERGED_ATOL" if atol > 0 and rnorm <= atol else "CONVERGED_RTOL")
@@ -548,7 +565,7 @@ class PetscKrylov(KrylovSolver):
         if not cols.size:
             return Xt.t().to(device=B.device, dtype=B.dtype), infos
         ksp.setInitialGuessNonzero(X0 is not None or ksp.getType() in _GUESS_STATE)
-        ksp.getPC().setReusePreconditioner(bool(reuse_pc))
+        self._set_reuse(ksp, bool(reuse_pc))
         mon = self._monitor
         t0 = time.perf_counter()
         self._call_set_up(ksp, dA, near_nullspace)
@@ -642,9 +659,26 @@ class PetscKrylov(KrylovSolver):
             self._fresh_pc(ksp)
         ksp.getOperators()[0].setNearNullSpace(nsp)
 
+    def _over(self, name: str, t: torch.Tensor):
+        """Collective on first use, then Local. This solver's Vec ``name`` over ``t``'s memory
+        (float64 CPU contiguous, owned rows): made once, its array placed per call
+        (``resetArray`` after the solve), so a solve sets up no Vec layout (an Allgather each)."""
+        V = self._shells.get(name)
+        if V is None:
+            V = self._shells[name] = PETSc.Vec().createMPI((t.shape[0], self.n_global), comm=self.comm)
+        V.placeArray(t.numpy())
+        return V
+
+    def _set_reuse(self, ksp, reuse: bool) -> None:
+        """Local. PETSc's ``PCSetReusePreconditioner`` for this call, remembered for the set-up
+        stamp (a set-up that kept the old preconditioner is not one for the current values)."""
+        ksp.getPC().setReusePreconditioner(reuse)
+        self._reuse["main" if ksp is self.ksp else "T"] = reuse
+
     def _fresh_pc(self, ksp) -> None:
         """Collective. A new preconditioner implementation of the same type and options
         (the next set-up builds it from scratch)."""
+        self._set_up_for.pop("main" if ksp is self.ksp else "T", None)
         pc = ksp.getPC()
         kind = pc.getType()
         pc.setType("none")
@@ -654,9 +688,10 @@ class PetscKrylov(KrylovSolver):
 
     def destroy(self) -> None:
         """Collective. Destroy the KSPs (after this the solver is unusable)."""
-        for obj in (self.ksp, self._ksp_T, self._matT):
+        for obj in (self.ksp, self._ksp_T, self._matT, *self._shells.values()):
             if obj is not None:
                 obj.destroy()
+        self._shells = {}
         self.ksp = self._ksp_T = self._matT = None
 
 
@@ -684,14 +719,15 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm,
     reports success there too; :attr:`SolveInfo.floor`).
     Returns ``(reason, iterations, true residual norm, floor accepted at or None)``."""
     A = ksp.getOperators()[0]
-    R = B.duplicate()
+    AX, R = B.duplicate(), B.duplicate()
     backward = accepted = None
     try:
         for rounds in range(_VERIFY_ROUNDS + 1):
-            (A.multTranspose if transpose else A.mult)(X, R)
-            ax = R.norm()
-            R.aypx(-1.0, B)  # R = B - A X
-            true = R.norm()
+            (A.multTranspose if transpose else A.mult)(X, AX)
+            R.waxpy(-1.0, AX, B)  # R = B - A X
+            # both norms in one reduction (PETSc's split-phase norms)
+            AX.normBegin(), R.normBegin()
+            ax, true = AX.normEnd(), R.normEnd()
             # below the rounding floor of b - A x nothing more can be attained: a tolerance
             # under it (rtol=1e-14) is met as far as floating point allows
             floor = _ROUNDING_FLOOR * (bnorm + ax)
@@ -716,7 +752,7 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm,
             its += int(ksp.getIterationNumber())
             reason = reason_name(ksp.getConvergedReason())
     finally:
-        R.destroy()
+        AX.destroy(), R.destroy()
     return reason, its, float(true), accepted
 
 

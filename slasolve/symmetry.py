@@ -1,0 +1,109 @@
+"""Symmetry tests of a row-sharded operator: exact (pattern mirror + multiset hash) and
+randomized (two probe vectors).
+
+The adjoint of CG / MINRES reuses the forward solver only when ``A`` is symmetric, and
+:func:`slasolve.spsolve` picks Cholesky only when it is exactly symmetric. The exact test
+is the cheap one (one gather over the stored entries, no halo exchange, one Allreduce of
+three integers on several ranks); the randomized defect also accepts matrices that are
+symmetric up to rounding.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from ._comm import allreduce_sum
+
+__all__ = ["exactly_symmetric", "symmetry_defect", "looks_symmetric", "SYMMETRY_RTOL"]
+
+#: a relative defect above this (see :func:`symmetry_defect`) counts as a nonsymmetric matrix:
+#: far above the rounding of the two products and reductions (~sqrt(n) eps), far below the
+#: asymmetries that matter (a gradient is wrong by about the defect)
+SYMMETRY_RTOL = 1e-10
+
+_HASH_SEEDS = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xD1B54A32D192ED03))
+
+
+def exactly_symmetric(dA) -> bool:
+    """Collective. ``A == A^T`` exactly (pattern and values), the same answer on every rank.
+
+    The entries whose mirror lies in the same rank's rows are compared through the
+    pattern's cached mirror permutation (exact); the others, the interface between ranks'
+    rows, through a multiset hash: ``sum h(i, j, v)`` and ``sum h(j, i, v)`` over them
+    (64-bit, two independent hashes) are equal on the whole communicator iff the
+    transposed entries are the same multiset, up to a 2**-128 chance of a collision. One
+    Allreduce of three integers on several ranks, none on one.
+    """
+    L = dA._layout
+    loc = dA.local.scalar() if dA.local.is_block else dA.local
+    inner, perm = loc.pattern.mirror(L.rstart * L.br)
+    v = loc.values.detach()
+    v_in = v if inner is None else v[inner]
+    bad = perm is None or not torch.equal(v_in[perm], v_in)
+    comm = dA.comm
+    if comm.Get_size() == 1:
+        return not bad
+    outer = torch.zeros_like(v, dtype=torch.bool) if inner is None else ~inner
+    rows = loc.pattern.rows()[outer].cpu().numpy().astype(np.uint64) + np.uint64(L.rstart * L.br)
+    cols = loc.pattern.indices[outer].cpu().numpy().astype(np.uint64)
+    bits = np.ascontiguousarray(v[outer].cpu().numpy().astype(np.float64)).view(np.uint64)
+    acc = np.zeros(3, dtype=np.uint64)
+    acc[0] = bad
+    with np.errstate(over="ignore"):
+        for k, seed in enumerate(_HASH_SEEDS, start=1):
+            acc[k] = _entry_hash(rows, cols, bits, seed).sum() - _entry_hash(cols, rows, bits, seed).sum()
+    total = np.zeros_like(acc)
+    comm.Allreduce(acc, total, op=MPI.SUM)
+    return not total.any()
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser (uint64 arithmetic wraps)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _entry_hash(rows: np.ndarray, cols: np.ndarray, bits: np.ndarray, seed) -> np.ndarray:
+    """A 64-bit hash of each entry ``(row, col, value bits)``, order-sensitive in ``(row, col)``."""
+    return _mix64(_mix64(_mix64(rows ^ seed) + cols) + bits)
+
+
+def symmetry_defect(dA) -> float:
+    """Collective. A randomized estimate of how far ``A`` is from symmetric:
+    ``|y.(A x) - x.(A y)| / (||A x|| ||y|| + ||A y|| ||x||)`` for two fixed pseudo-random
+    vectors that depend only on the global row index (the same value at every rank
+    count, up to rounding). 0 for a symmetric matrix up to rounding; one product with
+    two columns and one reduction."""
+    r0, r1 = dA.row_range
+    X = _probe_vectors(r0, r1, dA.dtype, dA.device)
+    with torch.no_grad():
+        AX = dA.detach() @ X
+    x, y, ax, ay = X[:, 0], X[:, 1], AX[:, 0], AX[:, 1]
+    s = allreduce_sum(dA.comm, torch.stack([(y * ax).sum(), (x * ay).sum(), (ax * ax).sum(), (ay * ay).sum(),
+                                            (x * x).sum(), (y * y).sum()]).to(torch.float64).cpu())
+    s = s.tolist()
+    scale = (s[2] * s[5]) ** 0.5 + (s[3] * s[4]) ** 0.5
+    return abs(s[0] - s[1]) / scale if scale > 0 else 0.0
+
+
+@functools.lru_cache(maxsize=4)
+def _probe_vectors(r0: int, r1: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Local. The two probe columns of :func:`symmetry_defect` for global rows ``[r0, r1)``
+    (read only; made once per row range, as every backward of a loop checks the same rows)."""
+    gid = torch.arange(r0, r1, dtype=torch.float64)
+    X = torch.stack([torch.frac(torch.sin(gid * 12.9898 + s) * 43758.5453) - 0.5 for s in (0.0, 1.0)], 1)
+    return X.to(dtype=dtype, device=device)
+
+
+def looks_symmetric(dA) -> bool:
+    """Collective. True on every rank when ``A`` is exactly symmetric (:func:`exactly_symmetric`,
+    the cheap test, first) or its :func:`symmetry_defect` is below ``max(SYMMETRY_RTOL,
+    1000 eps)`` of ``A``'s dtype (symmetric up to rounding). The same decision on every rank:
+    both are made from reduced numbers."""
+    if exactly_symmetric(dA):
+        return True
+    return symmetry_defect(dA) <= max(SYMMETRY_RTOL, 1000 * torch.finfo(dA.dtype).eps)
