@@ -525,19 +525,10 @@ def to_torch_placement(placement: "Placement", nbatch: int = 0) -> "TorchPlaceme
     row shard -> ``Shard(nbatch)``, ``Replicated()`` -> ``Replicate()``, batch ``Shard(d)`` ->
     ``Shard(d)``. A column shard has none (its products are replicated): ValueError."""
     from . import placement as sp
-    dtm = _dtensor_api()
-    if isinstance(placement, sp.Replicated):
-        return dtm.Replicate()
-    if isinstance(placement, sp.SparseShard):
-        if placement.is_row_shard(nbatch):
-            return dtm.Shard(nbatch)
-        raise ValueError(f"{placement} (a column shard) has no DTensor placement: dense vectors of its "
-                         f"products are replicated (Replicate()) or row-sharded (Shard({nbatch}))")
-    if isinstance(placement, sp.Shard):
-        if not 0 <= placement.dim < nbatch:
-            raise ValueError(f"{placement} is not a batch dimension of {nbatch} batch dims")
-        return dtm.Shard(placement.dim)
-    raise TypeError(f"not a slasolve placement: {placement!r}")
+    _dtensor_api()
+    if not isinstance(placement, sp.Placement):
+        raise TypeError(f"not a slasolve placement: {placement!r}")
+    return placement.to_torch(nbatch)
 
 
 def from_torch_placement(placement: "TorchPlacement", nbatch: int = 0) -> "Placement":
