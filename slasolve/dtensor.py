@@ -46,6 +46,7 @@ import torch
 from mpi4py import MPI
 
 from ._comm import check_collective, get_comm
+from .collectives import LinearExchange
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.device_mesh import DeviceMesh
@@ -362,18 +363,11 @@ def _move(plan: _RowPlan, comm, x: torch.Tensor, reverse: bool) -> torch.Tensor:
     return out.to(x.device)
 
 
-class _Move(torch.autograd.Function):
-    """Rows moved between slasolve's layout and DTensor's split; the backward moves the
-    gradient the other way (a permutation: its adjoint is its inverse)."""
-
-    @staticmethod
-    def forward(ctx, x, plan, comm, reverse):
-        ctx.plan, ctx.comm, ctx.reverse = plan, comm, reverse
-        return _move(plan, comm, x, reverse)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _move(ctx.plan, ctx.comm, g.contiguous(), not ctx.reverse), None, None, None
+def _moved(x: torch.Tensor, plan: _RowPlan, comm, reverse: bool) -> torch.Tensor:
+    """Collective. :func:`_move`, differentiable: the backward moves the gradient the other way
+    (a permutation: its adjoint is its inverse)."""
+    return LinearExchange.apply(x, lambda t: _move(plan, comm, t, reverse),
+                                lambda g: _move(plan, comm, g, not reverse))
 
 
 def _plan(layout: _Layout, size: int) -> _RowPlan:
@@ -449,7 +443,7 @@ def _wrap(x: torch.Tensor, layout: _Layout, mesh, mcomm: MPI.Comm, placement) ->
     dtm = _dtensor_api()
     size = mcomm.Get_size()
     plan = _plan(layout, size)
-    local = x if plan.identity else _Move.apply(x, plan, mcomm, False)
+    local = x if plan.identity else _moved(x, plan, mcomm, False)
     n = layout.n
     shape = torch.Size((n,) + tuple(x.shape[1:]))
     stride = (int(np.prod(shape[1:])) if len(shape) > 1 else 1,) + ((1,) if len(shape) > 1 else ())
@@ -514,7 +508,7 @@ def from_dtensor(x: "DTensor", like: Any = None, *, axis: str = "rows") -> torch
             return full[rows]
         return full[torch.from_numpy(np.ascontiguousarray(layout.perm[rows]))]
     plan = _plan(layout, size)
-    return x.to_local() if plan.identity else _Move.apply(x.to_local(), plan, mcomm, True)
+    return x.to_local() if plan.identity else _moved(x.to_local(), plan, mcomm, True)
 
 
 # -- placements ---------------------------------------------------------------------------------
