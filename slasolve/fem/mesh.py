@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -99,6 +99,8 @@ class Mesh:
     original_cell_ids: Optional[torch.Tensor] = field(default=None, repr=False)
     cell_tags: Optional[torch.Tensor] = field(default=None, repr=False)
     facet_tags: Optional[FacetTags] = field(default=None, repr=False)
+    # (key of cells and coordinates, BoundaryFacets): fem.facets.boundary_facets' cache, made on first use
+    _boundary_facets: Optional[Tuple[Any, Any]] = field(default=None, init=False, repr=False, compare=False)
 
     # ---- local queries (no communication)
     @property
