@@ -29,6 +29,7 @@ import torch
 from mpi4py import MPI
 
 from .._comm import allreduce_int, check_collective, get_comm
+from ..placement import split_offsets
 from .cells import (CELL_DIM, CELL_FACETS, CELL_TYPES, CELL_VERTICES, CELLS_PER_BOX, HEX_BITS, KUHN_TETS,
                     MESHIO_DIM, ORIENTATION_FLIP, QUAD_BITS, TRI_BITS, signed_measure)
 
@@ -141,10 +142,7 @@ class Mesh:
 
 
 # --------------------------------------------------------------------------- box meshes
-def _balanced_split(n: int, size: int) -> np.ndarray:
-    """PETSc-style split of ``n`` items over ``size`` ranks: the first ``n % size`` get one more."""
-    r = np.arange(size + 1)
-    return r * (n // size) + np.minimum(r, n % size)
+_balanced_split = split_offsets  # PETSc's split (the first n % size ranks get one more); fem.xdmf uses it
 
 
 
