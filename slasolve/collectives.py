@@ -2,7 +2,10 @@
 
 ``AllreduceSum`` (a sum whose result is replicated: backward the identity),
 ``ReplicatedInput`` (a replicated input consumed by sharded outputs: backward sums the
-ranks' gradients) and :func:`global_sum`.
+ranks' gradients), ``AllgatherRows`` (every rank's rows, concatenated: backward keeps the
+own rows), ``LinearExchange`` (any linear exchange given with its adjoint: the halo
+exchanges of :class:`slasolve.HaloPlan`, the row moves of :mod:`slasolve.dtensor`) and
+:func:`global_sum`.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from mpi4py import MPI
 
 from ._comm import get_comm
 
-__all__ = ["AllreduceSum", "ReplicatedInput", "global_sum"]
+__all__ = ["AllreduceSum", "ReplicatedInput", "AllgatherRows", "LinearExchange", "global_sum"]
 
 
 class AllreduceSum(torch.autograd.Function):
@@ -43,6 +46,37 @@ class ReplicatedInput(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return AllreduceSum.forward(None, g, ctx.comm), None
+
+
+class AllgatherRows(torch.autograd.Function):
+    """Collective. Every rank's rows concatenated in rank order (a replicated result), so the
+    backward is this rank's rows of the (replicated) gradient."""
+
+    @staticmethod
+    def forward(ctx, t, comm):
+        parts = comm.allgather(t.detach().cpu())
+        sizes = [p.shape[0] for p in parts]
+        ctx.rows = (int(np.sum(sizes[: comm.Get_rank()])), t.shape[0])
+        return torch.cat(parts, 0).to(t.device)
+
+    @staticmethod
+    def backward(ctx, g):
+        start, n = ctx.rows
+        return g[start:start + n].clone(), None
+
+
+class LinearExchange(torch.autograd.Function):
+    """Collective. ``op(t)`` for a linear exchange ``op`` between ranks (no autograd of its own)
+    whose adjoint is ``adjoint``: the backward applies ``adjoint`` to the (contiguous) gradient."""
+
+    @staticmethod
+    def forward(ctx, t, op, adjoint):
+        ctx.adjoint = adjoint
+        return op(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return ctx.adjoint(g.contiguous()), None, None
 
 
 def global_sum(t: torch.Tensor, comm=None) -> torch.Tensor:

@@ -23,7 +23,7 @@ from mpi4py import MPI
 from ._comm import allreduce_int, check_collective, get_comm
 from .collectives import AllreduceSum, ReplicatedInput
 from .halo import HaloPlan
-from .placement import DSparseSpec, Placement, Replicated, Shard, SparseShard, row_shard
+from .placement import DSparseSpec, Placement, SparseShard, row_shard, split_offsets
 from .layout import RowLayout, RowShardMatVec, RowShardRMatVec
 from .sparse import Pattern, SparseTensor
 from .dtensor import dtensor_entry
@@ -67,13 +67,6 @@ def _sorted_csr(indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tenso
             return None
     pattern = Pattern(indptr.to(dev).contiguous(), idx, shape[0], N)
     return SparseTensor._make(pattern, values, shape, len(block_shape))
-
-
-def split_offsets(n: int, size: int) -> np.ndarray:
-    """PETSc's PETSC_DECIDE split: the first n % size ranks get one more."""
-    counts = np.full(size, n // size, dtype=np.int64)
-    counts[: n % size] += 1
-    return np.concatenate([[0], np.cumsum(counts)])
 
 
 class DSparseTensor:
@@ -374,34 +367,24 @@ class DSparseTensor:
             # arguments every rank can check (they must agree: combined below)
             if not isinstance(placement, Placement):
                 raise TypeError(f"placement must be a Placement, got {placement!r}")
-            if isinstance(placement, SparseShard) and placement.axis not in (0, 1):
-                raise ValueError(f"SparseShard axis must be 0 (rows) or 1 (columns) for an unbatched "
-                                 f"matrix, got {placement.axis}")
+            placement.check_global(None)
             if not isinstance(root, int) or not 0 <= root < size:
                 raise ValueError(f"root must be a rank of the communicator, got {root!r}")
             if rank == root or everywhere:
                 if not have:
                     raise ValueError(f"A is None on the root rank {root}")
                 S = _to_sparse_tensor(A).detach().to("cpu")
-                if isinstance(placement, SparseShard) and S.batch_shape:
-                    raise ValueError("row/column shards need an unbatched matrix; use Shard(dim) for batches")
-                if isinstance(placement, Shard) and not 0 <= placement.dim < len(S.batch_shape):
-                    raise ValueError(f"Shard(dim={placement.dim}) needs a batch dimension; "
-                                     f"the matrix has {len(S.batch_shape)}")
+                placement.check_global(len(S.batch_shape))
         except Exception as e:
             err = e
         part_name = partition if isinstance(partition, str) else type(partition).__name__
         check_collective(comm, err, agree={"root": root, "placement": repr(placement), "partition": part_name,
                                            "coords given": coords is not None})
-        if isinstance(placement, Replicated):
+        if not placement.is_row_shard(0):  # every rank cuts its part out of the whole matrix
             if not everywhere:
                 S = comm.bcast(S, root=root)
-            spec = DSparseSpec(placement, comm, S.shape, None)
-            return cls(S, spec)
-        if isinstance(placement, Shard):
-            return cls._from_global_batch_shard(S, comm, placement, everywhere, root)
-        if placement.is_col_shard(0):
-            return cls._from_global_col_shard(S, comm, placement, everywhere, root)
+            local, offsets = placement.local_part(S, rank, size)
+            return cls(local, DSparseSpec(placement, comm, S.shape, None, offsets))
 
         pieces = part = None
         if rank == root:
@@ -452,42 +435,7 @@ class DSparseTensor:
             rows = iperm[S.row_indices()]
             cols = iperm[S.indices]
             P = SparseTensor.from_coo(rows, cols, S.values, S.shape, block_shape=S.block_shape)
-        ip = P.indptr
-        out = []
-        for r in range(size):  # loop over ranks, not rows
-            a, b = int(offsets[r]), int(offsets[r + 1])
-            lo, hi = int(ip[a]), int(ip[b])
-            out.append(((ip[a:b + 1] - lo).clone(), P.indices[lo:hi].clone(), P.values[lo:hi].clone()))
-        return out
-
-    @classmethod
-    def _from_global_col_shard(cls, S, comm, placement, everywhere, root):
-        rank, size = comm.Get_rank(), comm.Get_size()
-        if not everywhere:
-            S = comm.bcast(S, root=root)
-        offsets = split_offsets(S.N, size)
-        a, b = int(offsets[rank]), int(offsets[rank + 1])
-        cols = S.indices
-        keep = (cols >= a) & (cols < b)
-        local = SparseTensor.from_coo(S.row_indices()[keep], cols[keep] - a, S.values[keep],
-                                      (S.M, b - a) + S.block_shape, block_shape=S.block_shape)
-        offs = (tuple(split_offsets(S.M, size).tolist()), tuple(offsets.tolist()))
-        return cls(local, DSparseSpec(placement, comm, S.shape, None, offs))
-
-    @classmethod
-    def _from_global_batch_shard(cls, S, comm, placement, everywhere, root):
-        rank, size = comm.Get_rank(), comm.Get_size()
-        if not everywhere:
-            S = comm.bcast(S, root=root)
-        nb = len(S.batch_shape)
-        if not (0 <= placement.dim < nb):
-            raise ValueError(f"Shard(dim={placement.dim}) needs a batch dimension; the matrix has {nb}")
-        n = S.batch_shape[placement.dim]
-        offsets = split_offsets(n, size)
-        a, b = int(offsets[rank]), int(offsets[rank + 1])
-        v = S.values.narrow(placement.dim, a, b - a).clone()
-        local = S.with_values(v)
-        return cls(local, DSparseSpec(placement, comm, S.shape, None, (tuple(offsets.tolist()),)))
+        return SparseShard.split_rows(P, offsets)
 
     def with_values(self, values: torch.Tensor) -> "DSparseTensor":
         """Collective. Same pattern, layout, halo plan and PETSc Mat; new local values.

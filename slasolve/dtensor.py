@@ -46,6 +46,7 @@ import torch
 from mpi4py import MPI
 
 from ._comm import check_collective, get_comm
+from .collectives import LinearExchange
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch.distributed.device_mesh import DeviceMesh
@@ -362,18 +363,11 @@ def _move(plan: _RowPlan, comm, x: torch.Tensor, reverse: bool) -> torch.Tensor:
     return out.to(x.device)
 
 
-class _Move(torch.autograd.Function):
-    """Rows moved between slasolve's layout and DTensor's split; the backward moves the
-    gradient the other way (a permutation: its adjoint is its inverse)."""
-
-    @staticmethod
-    def forward(ctx, x, plan, comm, reverse):
-        ctx.plan, ctx.comm, ctx.reverse = plan, comm, reverse
-        return _move(plan, comm, x, reverse)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _move(ctx.plan, ctx.comm, g.contiguous(), not ctx.reverse), None, None, None
+def _moved(x: torch.Tensor, plan: _RowPlan, comm, reverse: bool) -> torch.Tensor:
+    """Collective. :func:`_move`, differentiable: the backward moves the gradient the other way
+    (a permutation: its adjoint is its inverse)."""
+    return LinearExchange.apply(x, lambda t: _move(plan, comm, t, reverse),
+                                lambda g: _move(plan, comm, g, not reverse))
 
 
 def _plan(layout: _Layout, size: int) -> _RowPlan:
@@ -449,7 +443,7 @@ def _wrap(x: torch.Tensor, layout: _Layout, mesh, mcomm: MPI.Comm, placement) ->
     dtm = _dtensor_api()
     size = mcomm.Get_size()
     plan = _plan(layout, size)
-    local = x if plan.identity else _Move.apply(x, plan, mcomm, False)
+    local = x if plan.identity else _moved(x, plan, mcomm, False)
     n = layout.n
     shape = torch.Size((n,) + tuple(x.shape[1:]))
     stride = (int(np.prod(shape[1:])) if len(shape) > 1 else 1,) + ((1,) if len(shape) > 1 else ())
@@ -514,7 +508,7 @@ def from_dtensor(x: "DTensor", like: Any = None, *, axis: str = "rows") -> torch
             return full[rows]
         return full[torch.from_numpy(np.ascontiguousarray(layout.perm[rows]))]
     plan = _plan(layout, size)
-    return x.to_local() if plan.identity else _Move.apply(x.to_local(), plan, mcomm, True)
+    return x.to_local() if plan.identity else _moved(x.to_local(), plan, mcomm, True)
 
 
 # -- placements ---------------------------------------------------------------------------------
@@ -525,19 +519,10 @@ def to_torch_placement(placement: "Placement", nbatch: int = 0) -> "TorchPlaceme
     row shard -> ``Shard(nbatch)``, ``Replicated()`` -> ``Replicate()``, batch ``Shard(d)`` ->
     ``Shard(d)``. A column shard has none (its products are replicated): ValueError."""
     from . import placement as sp
-    dtm = _dtensor_api()
-    if isinstance(placement, sp.Replicated):
-        return dtm.Replicate()
-    if isinstance(placement, sp.SparseShard):
-        if placement.is_row_shard(nbatch):
-            return dtm.Shard(nbatch)
-        raise ValueError(f"{placement} (a column shard) has no DTensor placement: dense vectors of its "
-                         f"products are replicated (Replicate()) or row-sharded (Shard({nbatch}))")
-    if isinstance(placement, sp.Shard):
-        if not 0 <= placement.dim < nbatch:
-            raise ValueError(f"{placement} is not a batch dimension of {nbatch} batch dims")
-        return dtm.Shard(placement.dim)
-    raise TypeError(f"not a slasolve placement: {placement!r}")
+    _dtensor_api()
+    if not isinstance(placement, sp.Placement):
+        raise TypeError(f"not a slasolve placement: {placement!r}")
+    return placement.to_torch(nbatch)
 
 
 def from_torch_placement(placement: "TorchPlacement", nbatch: int = 0) -> "Placement":

@@ -48,6 +48,8 @@ from typing import Any, Optional, Tuple
 import numpy as np
 import scipy.sparse as sp
 
+from .placement import split_offsets
+
 __all__ = [
     "PartitionQuality",
     "Partition",
@@ -144,11 +146,18 @@ def _check_graph_size(g: Optional[sp.csr_matrix], n: int, name: str = "graph") -
         )
 
 
+def _geometric_args(coords: Any, nparts: int, graph: Any):
+    """Local. ``(points, nparts, graph as CSR or None)`` of a geometric partitioner, checked."""
+    x = _check_coords(coords)
+    k = _check_nparts(nparts, x.shape[0])
+    g = _as_csr(graph) if graph is not None else None
+    _check_graph_size(g, x.shape[0])
+    return x, k, g
+
+
 def _split_sizes(n: int, nparts: int) -> np.ndarray:
     """PETSC_DECIDE split: the first ``n % nparts`` parts get one extra row."""
-    sizes = np.full(nparts, n // nparts, dtype=np.int64)
-    sizes[: n % nparts] += 1
-    return sizes
+    return np.diff(split_offsets(n, nparts))
 
 
 # --------------------------------------------------------------------------
@@ -511,13 +520,9 @@ def rcb(coords: Any, nparts: int, graph: Any = None) -> Partition:
     -------
     Partition
     """
-    x = _check_coords(coords)
+    x, k, g = _geometric_args(coords, nparts, graph)
     n = x.shape[0]
-    k = _check_nparts(nparts, n)
-    g = _as_csr(graph) if graph is not None else None
-    _check_graph_size(g, n)
-    sizes = _split_sizes(n, k)
-    csizes = np.concatenate([[0], np.cumsum(sizes)])
+    csizes = split_offsets(n, k)
     parts = np.empty(n, dtype=np.int64)
     # Work list of (point ids, first part, number of parts); one pass per level.
     level = [(np.arange(n, dtype=np.int64), 0, k)]
@@ -650,11 +655,8 @@ def hilbert(coords: Any, nparts: int, graph: Any = None) -> Partition:
     -------
     Partition
     """
-    x = _check_coords(coords)
+    x, k, g = _geometric_args(coords, nparts, graph)
     n, d = x.shape
-    k = _check_nparts(nparts, n)
-    g = _as_csr(graph) if graph is not None else None
-    _check_graph_size(g, n)
     if d == 1:
         order = np.argsort(x[:, 0], kind="stable")
     else:

@@ -70,6 +70,14 @@ class FactorizationInfo:
     solve_time: float = 0.0
     backward_error: float = 0.0
 
+    def count_solve(self, transpose: bool, seconds: float) -> None:
+        """Local. Count one solve (with the transposed factors when ``transpose``) of ``seconds``."""
+        if transpose:
+            self.transpose_solves += 1
+        else:
+            self.solves += 1
+        self.solve_time += seconds
+
     def copy(self) -> "FactorizationInfo":
         """Local. A snapshot (the live record keeps counting)."""
         return dataclasses.replace(self)

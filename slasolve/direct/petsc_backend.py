@@ -226,11 +226,7 @@ class PetscFactor:
             x = torch.from_numpy(np.array(X.getDenseArray(), copy=True).reshape(m, k))
             B.destroy()
             X.destroy()
-        if transpose:
-            self.info.transpose_solves += 1
-        else:
-            self.info.solves += 1
-        self.info.solve_time += time.perf_counter() - t0
+        self.info.count_solve(transpose, time.perf_counter() - t0)
         return x
 
 

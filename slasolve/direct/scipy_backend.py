@@ -136,9 +136,5 @@ class SuperLUFactor:
         else:
             x = c * self.lu.solve(np.ascontiguousarray(r * arr), trans="N")
         x = torch.from_numpy(np.ascontiguousarray(x))
-        if transpose:
-            self.info.transpose_solves += 1
-        else:
-            self.info.solves += 1
-        self.info.solve_time += time.perf_counter() - t0
+        self.info.count_solve(transpose, time.perf_counter() - t0)
         return x

@@ -90,6 +90,20 @@ def _identity(t):
     return t
 
 
+class _Counted:
+    """``A`` checked to keep the shape of its argument, counting the columns it is applied to."""
+
+    def __init__(self, A):
+        self.A, self.count = A, 0
+
+    def __call__(self, X):
+        self.count += X.shape[1]
+        Y = self.A(X)
+        if Y.shape != X.shape:
+            raise ValueError(f"A: returned shape {tuple(Y.shape)} for input {tuple(X.shape)}")
+        return Y
+
+
 def _eps(dtype) -> float:
     return torch.finfo(dtype).eps
 
@@ -380,14 +394,7 @@ def lobpcg(A, X0, *, B=None, T=None, k=None, largest=False, tol=1e-8, maxiter=50
             raise ValueError(f"X0: block size {m} exceeds the problem size {n_global}"
                              + (f" minus the {nd} deflated vectors" if nd else ""))
         has_B = B is not None
-        nA = [0]
-
-        def Aop(X):
-            nA[0] += X.shape[1]
-            Y = A(X)
-            if Y.shape != X.shape:
-                raise ValueError(f"A: returned shape {tuple(Y.shape)} for input {tuple(X.shape)}")
-            return Y
+        Aop = _Counted(A)
 
         Bop = B if has_B else None
         floor_fac = 100.0 * eps / tol
@@ -489,7 +496,7 @@ def lobpcg(A, X0, *, B=None, T=None, k=None, largest=False, tol=1e-8, maxiter=50
         res_l = [float(r) for r in res]
         info = EigenInfo(converged=sum(r <= tol for r in res_l), k=k, iterations=it,
                          residual_norms=res_l, method="lobpcg", backend="torch",
-                         setup_time=t1 - t0, solve_time=t2 - t1, matvecs=nA[0])
+                         setup_time=t1 - t0, solve_time=t2 - t1, matvecs=Aop.count)
         return w, V, info
 
 
@@ -577,14 +584,7 @@ def lanczos(A, v0, k, *, which="LA", B=None, B_solve=None, tol=1e-10, maxiter=10
                              + (f" minus {nd} deflated vectors" if nd else "") + f", got {ncv}")
         nkeep = min(ncv - 1, k + (ncv - k) // 2)
         has_B = B is not None
-        nA = [0]
-
-        def Aop(X):
-            nA[0] += X.shape[1]
-            Y = A(X)
-            if Y.shape != X.shape:
-                raise ValueError(f"A: returned shape {tuple(Y.shape)} for input {tuple(X.shape)}")
-            return Y
+        Aop = _Counted(A)
 
         def OP(x):
             y = Aop(x)
@@ -720,5 +720,5 @@ def lanczos(A, v0, k, *, which="LA", B=None, B_solve=None, tol=1e-10, maxiter=10
         res_l = [float(r) for r in res]
         info = EigenInfo(converged=sum(r <= tol for r in res_l), k=k, iterations=restarts,
                          residual_norms=res_l, method="lanczos", backend="torch",
-                         setup_time=t1 - t0, solve_time=t2 - t1, matvecs=nA[0])
+                         setup_time=t1 - t0, solve_time=t2 - t1, matvecs=Aop.count)
         return w_out, V_out, info

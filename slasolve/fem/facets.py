@@ -214,11 +214,9 @@ def boundary_facets(mesh: Union[Mesh, Assembler], where: Where = None) -> Bounda
     mesh = _mesh_of(mesh)
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh must be a Mesh or an Assembler, got {type(mesh).__name__}")
-    cache = getattr(mesh, "_slasolve_boundary_facets", None)
-    if cache is None or cache[0] != _cache_key(mesh):
-        facets = _find_boundary(mesh)
-        mesh._slasolve_boundary_facets = (_cache_key(mesh), facets)
-    facets = mesh._slasolve_boundary_facets[1]
+    if mesh._boundary_facets is None or mesh._boundary_facets[0] != _cache_key(mesh):
+        mesh._boundary_facets = (_cache_key(mesh), _find_boundary(mesh))
+    facets = mesh._boundary_facets[1]
     if where is None:
         return facets
     err, keep = None, None

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 from mpi4py import MPI
 
 from .._comm import allreduce_int, check_collective, get_comm
+from ..placement import split_offsets
 from .cells import (CELL_DIM, CELL_FACETS, CELL_TYPES, CELL_VERTICES, CELLS_PER_BOX, HEX_BITS, KUHN_TETS,
                     MESHIO_DIM, ORIENTATION_FLIP, QUAD_BITS, TRI_BITS, signed_measure)
 
@@ -99,6 +100,8 @@ class Mesh:
     original_cell_ids: Optional[torch.Tensor] = field(default=None, repr=False)
     cell_tags: Optional[torch.Tensor] = field(default=None, repr=False)
     facet_tags: Optional[FacetTags] = field(default=None, repr=False)
+    # (key of cells and coordinates, BoundaryFacets): fem.facets.boundary_facets' cache, made on first use
+    _boundary_facets: Optional[Tuple[Any, Any]] = field(default=None, init=False, repr=False, compare=False)
 
     # ---- local queries (no communication)
     @property
@@ -139,10 +142,7 @@ class Mesh:
 
 
 # --------------------------------------------------------------------------- box meshes
-def _balanced_split(n: int, size: int) -> np.ndarray:
-    """PETSc-style split of ``n`` items over ``size`` ranks: the first ``n % size`` get one more."""
-    r = np.arange(size + 1)
-    return r * (n // size) + np.minimum(r, n % size)
+_balanced_split = split_offsets  # PETSc's split (the first n % size ranks get one more); fem.xdmf uses it
 
 
 

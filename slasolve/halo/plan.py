@@ -19,6 +19,7 @@ from mpi4py import MPI
 
 from .. import _log
 from .._comm import check_collective, ownership_offsets
+from ..collectives import LinearExchange
 
 __all__ = ["HaloPlan", "halo_forward", "halo_reverse"]
 
@@ -370,33 +371,11 @@ class HaloPlan:
     # -- differentiable exchanges -------------------------------------------
     def forward(self, x_owned: torch.Tensor) -> torch.Tensor:
         """Collective. Ghost copies ``(n_ghost, ...)`` of owned rows; differentiable."""
-        return _HaloForward.apply(x_owned, self)
+        return LinearExchange.apply(x_owned, self.forward_raw, self.reverse_raw)
 
     def reverse(self, g_ghost: torch.Tensor) -> torch.Tensor:
         """Collective. Sum ghost contributions into ``(n_owned, ...)``; differentiable."""
-        return _HaloReverse.apply(g_ghost, self)
-
-
-class _HaloForward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x_owned, plan):
-        ctx.plan = plan
-        return plan.forward_raw(x_owned)
-
-    @staticmethod
-    def backward(ctx, g):
-        return ctx.plan.reverse_raw(g.contiguous()), None
-
-
-class _HaloReverse(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, g_ghost, plan):
-        ctx.plan = plan
-        return plan.reverse_raw(g_ghost)
-
-    @staticmethod
-    def backward(ctx, g):
-        return ctx.plan.forward_raw(g.contiguous()), None
+        return LinearExchange.apply(g_ghost, self.reverse_raw, self.forward_raw)
 
 
 def halo_forward(plan: HaloPlan, x_owned: torch.Tensor) -> torch.Tensor:

@@ -196,6 +196,11 @@ class _Run:
         if self.callback is not None:
             self.callback(k, rnorm)
 
+    def nan(self, k: int) -> SolveInfo:
+        """A NaN or Inf at iteration ``k``: reported (history, callback), then DIVERGED_NANORINF."""
+        self.step(k, float("nan"))
+        return self.finish("DIVERGED_NANORINF", k)
+
     def finish(self, reason: str, its: int, rnorm: Optional[float] = None) -> SolveInfo:
         if rnorm is not None:
             self.rnorm = rnorm
@@ -511,8 +516,7 @@ def minres(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor
         v2 = red(_dots([(r2, y), (rt, rt), (rt, u), (u, u)]))
         alfa, betasq, rtrt, rtu, uu = torch.cat([alfa_t, v2]).tolist()
         if not _fin(alfa, betasq, rtrt, rtu, uu):
-            run.step(k, float("nan"))
-            return x, run.finish("DIVERGED_NANORINF", k)
+            return x, run.nan(k)
         if betasq < 0:
             return x, run.finish("DIVERGED_INDEFINITE_PC", k, _sqrt(rtrt))
         oldb, beta = beta, math.sqrt(betasq)
@@ -584,8 +588,7 @@ def bicgstab(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tens
         if rv == 0.0:                 # alpha undefined (s, t are garbage): x untouched
             return x, run.finish("DIVERGED_BREAKDOWN", k)
         if not _fin(rv, ss, ts, tt):
-            run.step(k, float("nan"))
-            return x, run.finish("DIVERGED_NANORINF", k)
+            return x, run.nan(k)
         alpha = rho / rv
         snorm = _sqrt(ss)
         if snorm <= run.tol:
@@ -602,8 +605,7 @@ def bicgstab(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tens
         w = red(_dots([(r, r), (rhat, r)]))
         rr, rho_new = w.tolist()
         if not _fin(rr, rho_new):
-            run.step(k, float("nan"))
-            return x, run.finish("DIVERGED_NANORINF", k)
+            return x, run.nan(k)
         rnorm = _sqrt(rr)
         run.step(k, rnorm)
         if rnorm <= run.tol:
@@ -647,8 +649,7 @@ def cgs(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor] =
         v = matvec(phat)
         sigma = float(red(torch.dot(rhat, v).reshape(1))[0])
         if not _fin(sigma):
-            run.step(k, float("nan"))
-            return x, run.finish("DIVERGED_NANORINF", k)
+            return x, run.nan(k)
         if sigma == 0.0:
             return x, run.finish("DIVERGED_BREAKDOWN", k)
         alpha = rho / sigma
@@ -659,8 +660,7 @@ def cgs(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor] =
         r.sub_(matvec(uhat), alpha=alpha)
         rr, rho_new = red(_dots([(r, r), (rhat, r)])).tolist()
         if not _fin(rr, rho_new):
-            run.step(k, float("nan"))
-            return x, run.finish("DIVERGED_NANORINF", k)
+            return x, run.nan(k)
         rnorm = _sqrt(rr)
         run.step(k, rnorm)
         if rnorm <= run.tol:
@@ -723,8 +723,7 @@ def tfqmr(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor]
         if even:
             sigma = float(red(torch.dot(rhat, v).reshape(1))[0])
             if not _fin(sigma):
-                run.step(k, float("nan"))
-                return x, run.finish("DIVERGED_NANORINF", k)
+                return x, run.nan(k)
             if sigma == 0.0:
                 return x, run.finish("DIVERGED_BREAKDOWN", k)
             alpha = st["rho"] / sigma
@@ -736,8 +735,7 @@ def tfqmr(matvec: Callable[[Tensor], Tensor], b: Tensor, *, x0: Optional[Tensor]
         else:
             ww, rho_new = red(_dots([(w, w), (rhat, w)])).tolist()
         if not _fin(ww):
-            run.step(k, float("nan"))
-            return x, run.finish("DIVERGED_NANORINF", k)
+            return x, run.nan(k)
         theta = _sqrt(ww) / st["tau"]
         c = 1.0 / math.sqrt(1.0 + theta * theta)
         st.update(theta=theta, tau=st["tau"] * theta * c, eta=c * c * alpha)
