@@ -49,7 +49,7 @@ def options_key(options) -> Union[tuple, str]:
     return repr(options)
 
 
-def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=None) -> None:
+def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=None, flag: bool = False) -> bool:
     """Collective. Raise ``error`` (or the first rank's error) on every rank.
 
     Each rank passes the result of its own validation: ``None`` when its input is
@@ -62,26 +62,32 @@ def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=No
     Their digest rides on the same Allreduce; when the ranks disagree, every rank
     raises ``ValueError`` naming the arguments that differ and their values per
     rank. Nothing extra is communicated when they agree.
+
+    ``flag`` (optional): a local fact the caller needs combined over the ranks; it rides on
+    the same Allreduce, and the return value is True when it is True on any rank.
     """
     if comm.Get_size() == 1:
         if error is not None:
             raise error
-        return
+        return bool(flag)
     if agree is None:
-        failed = allreduce_int(comm, 1 if error is not None else 0)
+        buf = np.array([1 if error is not None else 0, 1 if flag else 0], dtype=np.int64)
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        failed, any_flag = int(buf[0]), bool(buf[1])
         differ = False
     else:
         d = settings_digest(sorted((str(k), v) for k, v in dict(agree).items()))
-        # one Allreduce(MIN) of [-failed, digest, -digest]: -(number failed) needs SUM, so
+        # one Allreduce(MIN) of [-failed, digest, -digest, -flag]: -(number failed) needs SUM, so
         # count the failures separately only when some rank failed
-        buf = np.array([-(1 if error is not None else 0), d, -d], dtype=np.int64)
+        buf = np.array([-(1 if error is not None else 0), d, -d, -(1 if flag else 0)], dtype=np.int64)
         comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MIN)
         failed = -int(buf[0])
         differ = int(buf[1]) != -int(buf[2])
+        any_flag = bool(buf[3])
         if failed:
             failed = allreduce_int(comm, 1 if error is not None else 0)
     if failed == 0 and not differ:
-        return
+        return any_flag
     if failed == 0:
         mine = {str(k): v for k, v in dict(agree).items()}
         everyone = comm.allgather({k: repr(v) for k, v in mine.items()})

@@ -331,3 +331,42 @@ def test_elasticity_exactly_symmetric(cell, n):
     mine = sp.coo_matrix((K.values.numpy(), (rows, K.indices.numpy())), shape=(V.n_global_dofs,) * 2)
     A = sp.csr_matrix(sum(COMM.allgather(mine.tocsr())))
     assert abs(A - A.T).max() == 0.0
+
+
+@pytest.mark.parametrize("cell,vector", [("triangle", False), ("quad", True)])
+def test_homogeneous_dirichlet_skips_lifting_but_not_changes(cell, vector):
+    """g = 0 on every rank: ``apply`` skips the lifting (no products) and gives the SciPy
+    reference, with the gradient of b on the free dofs; a g made nonzero later (in place,
+    through ``.data``, on one rank only) or requiring grad takes the lifting again."""
+    mesh = box_mesh((4, 5), cell=cell, comm=COMM)
+    V = Assembler(mesh, mesh.dim if vector else 1)
+    A = V.elasticity(1.0, 0.3) if vector else V.stiffness(1.0)
+    b = V.load(1.0).clone().requires_grad_(True)
+    dofs = boundary_dofs(V, lambda x: x[:, 0] < 1e-12)
+    bc = DirichletBC(V, dofs, torch.zeros(len(dofs), dtype=torch.float64))
+    R, bg = gather_matrix(A), gather_vec(b)
+    D = np.concatenate(COMM.allgather(bc.dofs.numpy()))
+
+    def check(g):
+        Abc, bbc = bc.apply(A, b)
+        Aref, bref = reference_dirichlet(R, bg, D, g)
+        assert_close_sparse(gather_matrix(Abc), Aref)
+        gfull = np.zeros(R.shape[0])
+        gfull[D] = g
+        scale = np.abs(bg) + abs(R) @ np.abs(gfull)
+        got = gather_vec(bbc)
+        assert np.all(np.abs(got - bref) <= 1e-12 * np.abs(bref) + 1e-13 * scale)
+        return bbc
+
+    bbc = check(np.zeros(len(D)))
+    (gb,) = torch.autograd.grad(bbc.sum(), b)
+    assert torch.equal(gb, (~bc.constrained).to(gb.dtype))
+    # a nonzero g on the last rank only (written through .data: no version bump)
+    if COMM.rank == COMM.size - 1 and bc.values.numel():
+        bc.values.data[:] = 2.5
+    check(np.concatenate(COMM.allgather(bc.values.detach().numpy())))
+    bc.values.data.zero_()
+    bc.values.requires_grad_(True)
+    _, bbc = bc.apply(A, b)
+    (gg,) = torch.autograd.grad(bbc.sum(), bc.values, allow_unused=True)
+    assert gg is not None

@@ -181,7 +181,9 @@ class DirichletBC:
             err = ValueError(f"values must be a tensor of shape {tuple(self.values.shape)}")
         elif values is not None and not bool(torch.isfinite(values.detach()).all()):
             err = ValueError("values contains NaN or infinite values")
-        check_collective(space.comm, err)
+        # whether any rank prescribes a nonzero or differentiable g (else there is no lifting)
+        lifted = values is not None or self.values.requires_grad or bool(self.values.detach().any())
+        lifted = check_collective(space.comm, err, flag=lifted)
         v = A.values
         zero = torch.zeros((), dtype=v.dtype, device=v.device)
         diag_val = torch.where(self._diag, v, zero) if self.diagonal == "keep" else \
@@ -190,6 +192,8 @@ class DirichletBC:
         A_bc = A.with_values(v_bc)
         if b is None:
             return A_bc, None
+        if not lifted:   # g = 0 everywhere: A[:, D] g and the constrained rows' diagonal * g are zero
+            return A_bc, torch.where(self.constrained, torch.zeros((), dtype=b.dtype, device=b.device), b)
         g = self.full(values)
         lift = A.with_values(torch.where(self._fD, v, zero)).matvec(g)
         bD = A_bc.matvec(g)  # diagonal * g on D (zero rows/cols elsewhere)
