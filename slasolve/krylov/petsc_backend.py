@@ -299,9 +299,10 @@ class PetscKrylov(KrylovSolver):
         bb = b.detach().to(device="cpu", dtype=torch.float64).contiguous()
         if reset_operators:
             # one reduction: whether any rank's values changed (the Mat is refilled in place
-            # then) and ||b|| (the local 2-norm squared and summed, as PETSc's VecNorm does)
+            # then) and ||b||^2 (local dot products summed, as PETSc's VecNorm does)
             differ = values_differ(dA, "aij")
-            flags = np.array([float(bool(differ)), float(torch.linalg.vector_norm(bb)) ** 2])
+            bn = bb.numpy()
+            flags = np.array([float(bool(differ)), float(np.dot(bn, bn))])
             if self.comm.Get_size() > 1:
                 self.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.SUM)
             ksp.setOperators(to_petsc_mat(dA, mat_type="aij", changed=bool(flags[0])))
