@@ -13,6 +13,7 @@ from .. import _log
 from .._comm import check_collective, options_key
 from ..autograd import AdjointFunction, matvec_value_grad
 from ..registry import default_backend, register_solve_method
+from ..settings import SettingsSchema
 from ..krylov.info import SolveInfo
 from .info import FactorizationError, FactorizationInfo, failed_info
 from ..dtensor import dtensor_entry
@@ -33,9 +34,16 @@ def _backend_name(backend) -> Optional[str]:
     return default_backend() if backend is None else backend
 
 
+#: the settings of one direct solve: the keyed ones select the cached factorisation, all must agree
+DIRECT_SETTINGS = SettingsSchema(keyed=("path", "factorization", "petsc_options"),
+                                 agreed=("backend", "b columns", "dtype", "return_info",
+                                         "A's values require grad", "b requires grad"))
+
+
 def _validate(A, b, *, backend, factorization, petsc_options, return_info, what="spsolve"):
-    """Collective. ``(dA, path)`` after ONE check_collective of every argument; ``path``
-    is ``"petsc"`` or ``"scipy"``. ``b=None`` (factorized) skips the right-hand side."""
+    """Collective. ``(dA, settings)`` after ONE check_collective of every argument; the
+    settings' ``path`` is ``"petsc"`` or ``"scipy"``. ``b=None`` (factorized) skips the
+    right-hand side."""
     from mpi4py import MPI
     from ..dsparse import DSparseTensor
     from ..krylov.operator import as_row_shard
@@ -72,15 +80,15 @@ def _validate(A, b, *, backend, factorization, petsc_options, return_info, what=
         err = rhs_error(dA, b, None)
         if err is None and not bool(torch.isfinite(b).all()):
             err = ValueError(f"{what}: b has NaN or infinite entries")
-    agree = {"backend": backend, "factorization": factorization,
-             "b columns": (b.shape[1] if b.dim() == 2 else None) if isinstance(b, torch.Tensor) else None,
-             "dtype": str(b.dtype) if isinstance(b, torch.Tensor) else None,
-             "return_info": bool(return_info),
-             "petsc_options": options_key(petsc_options),
-             "A's values require grad": needs_grad(dA.values if dA is not None else None),
-             "b requires grad": needs_grad(b)}
-    check_collective(comm, err, agree=agree)
-    return dA, path
+    settings = DIRECT_SETTINGS.bind(
+        path=path, factorization="auto" if factorization is None else factorization,
+        petsc_options=options_key(petsc_options), backend=backend, return_info=bool(return_info),
+        dtype=str(b.dtype) if isinstance(b, torch.Tensor) else None,
+        **{"b columns": (b.shape[1] if b.dim() == 2 else None) if isinstance(b, torch.Tensor) else None,
+           "A's values require grad": needs_grad(dA.values if dA is not None else None),
+           "b requires grad": needs_grad(b)})
+    check_collective(comm, err, agree=settings.agree())
+    return dA, settings
 
 
 def _new_factor(dA, path, factorization, petsc_options):
@@ -92,10 +100,11 @@ def _new_factor(dA, path, factorization, petsc_options):
     return SuperLUFactor(dA, kind)
 
 
-def _cached_factor(dA, path, factorization, petsc_options):
+def _cached_factor(dA, settings, petsc_options):
     """Collective (settings agree on every rank, so every rank hits / misses together)."""
-    key = (path, factorization or "auto", options_key(petsc_options))
-    return dA._layout.cached("factorizations", key, lambda: _new_factor(dA, path, factorization, petsc_options),
+    s = settings.values
+    return dA._layout.cached("factorizations", settings.key(),
+                             lambda: _new_factor(dA, s["path"], s["factorization"], petsc_options),
                              DIRECT_CACHE_SIZE)
 
 
@@ -254,9 +263,9 @@ def spsolve(A, b: torch.Tensor, *, backend: Optional[str] = None, factorization:
     torch.Size([4])
     """
     backend = _backend_name(backend)
-    dA, path = _validate(A, b, backend=backend, factorization=factorization, petsc_options=petsc_options,
-                         return_info=return_info)
-    fac = _cached_factor(dA, path, factorization, petsc_options)
+    dA, settings = _validate(A, b, backend=backend, factorization=factorization, petsc_options=petsc_options,
+                             return_info=return_info)
+    fac = _cached_factor(dA, settings, petsc_options)
     x = _DirectSolve.apply(dA.values, b, fac, dA, False)
     return (x, fac.info.copy()) if return_info else x
 
@@ -334,8 +343,9 @@ def factorized(A, *, backend: Optional[str] = None, factorization: Optional[str]
     (1, 1, 1)
     """
     backend = _backend_name(backend)
-    dA, path = _validate(A, None, backend=backend, factorization=factorization,
-                         petsc_options=petsc_options, return_info=False, what="factorized")
+    dA, settings = _validate(A, None, backend=backend, factorization=factorization,
+                             petsc_options=petsc_options, return_info=False, what="factorized")
+    path = settings.values["path"]
     fac = _new_factor(dA, path, factorization, petsc_options)
     _refresh(fac, dA)
     return Factorization(dA, fac, path)

@@ -19,6 +19,7 @@ from ..registry import BACKENDS, KRYLOV_METHODS, default_backend, solve_method, 
 from .adjoint import AdjointSolve
 from .info import SolveInfo
 from .reuse import check_reuse, resolve_reuse
+from ..settings import SettingsSchema
 from .runs import merge_infos
 from .torch_methods import default_maxiter
 from ..sparse import SparseTensor
@@ -36,20 +37,28 @@ def _pc_key(pc):
     return "callable" if callable(pc) else pc
 
 
-def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reuse_pc=False):
-    """Collective. The cached solver for these settings on ``dA``'s layout.
+#: the settings of one solve: the keyed ones select the cached solver, all must agree across ranks
+SOLVE_SETTINGS = SettingsSchema(
+    keyed=("backend", "method", "pc", "restart", "options_prefix", "petsc_options", "reuse interpolation"),
+    agreed=("rtol", "atol", "maxiter", "b columns", "x0 given", "dtype", "return_info", "raise_on_fail",
+            "reuse_pc", "near_nullspace columns", "A's values require grad", "b requires grad"))
 
-    The cache is a small LRU (``SOLVER_CACHE_SIZE``): every argument in the key agrees
+
+def _solver(dA, settings, pc, petsc_options, **replace):
+    """Collective. The cached solver for ``settings`` (a keyed setting replaced by ``replace``,
+    e.g. ``method="gmres"``) on ``dA``'s layout; ``pc``, ``petsc_options``: the call's own.
+
+    The cache is a small LRU (``SOLVER_CACHE_SIZE``): every setting in the key agrees
     across ranks (checked by ``solve``), so every rank hits, misses and evicts at the
     same call. Evicted solvers are dropped, not destroyed (an autograd graph may still
     hold one for its backward); PETSc destroys them at the next
     ``PETSc.garbage_cleanup``, which runs (collectively) whenever a solver is created.
     A user callable preconditioner is keyed as ``"callable"`` and swapped in per call.
+    ``reuse_pc="interpolation"`` configures GAMG differently: a KSP of its own, never shared.
     """
-    # reuse_pc="interpolation" configures GAMG differently: a KSP of its own, never shared
-    interp = reuse_pc == "interpolation" and backend == "petsc"
-    key = (backend, method, _pc_key(pc), int(restart), options_prefix, options_key(petsc_options)) + \
-        (("interp",) if interp else ())
+    key = settings.key(**replace)
+    s = dict(zip(settings.keyed, key))
+    backend = s["backend"]
 
     def build():
         err = solver = None
@@ -60,11 +69,12 @@ def _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reu
             try:
                 if backend == "petsc":
                     from .petsc_backend import PetscKrylov
-                    solver = PetscKrylov(dA, method, pc, restart=restart, options_prefix=options_prefix,
-                                         petsc_options=petsc_options, reuse_interpolation=interp)
+                    solver = PetscKrylov(dA, s["method"], pc, restart=s["restart"],
+                                         options_prefix=s["options_prefix"], petsc_options=petsc_options,
+                                         reuse_interpolation=s["reuse interpolation"])
                 else:
                     from .torch_backend import TorchKrylov
-                    solver = TorchKrylov(dA, method, pc, restart=restart)
+                    solver = TorchKrylov(dA, s["method"], pc, restart=s["restart"])
             except (ValueError, TypeError, ImportError) as e:
                 err = e
             check_collective(dA.comm, err)
@@ -148,25 +158,26 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
     if err is None:
         err = operator_error(dA) or rhs_error(dA, b, x0) or _check_near_nullspace(dA, near_nullspace)
     p = M if M is not None else pc
-    agree = {"method": method, "backend": backend,
-             "pc": "callable" if callable(p) else p,
-             "rtol": float(rtol) if _is_real(rtol) else repr(rtol),
-             "atol": float(atol) if _is_real(atol) else repr(atol),
-             "maxiter": maxiter, "restart": restart,
-             "b columns": (b.shape[1] if b.dim() == 2 else None) if isinstance(b, torch.Tensor) else None,
-             "x0 given": x0 if isinstance(x0, str) else x0 is not None,
-             "dtype": str(b.dtype) if isinstance(b, torch.Tensor) else None,
-             "return_info": bool(return_info), "raise_on_fail": bool(raise_on_fail),
-             "reuse_pc": reuse_pc if isinstance(reuse_pc, (bool, str)) else repr(reuse_pc),
-             "near_nullspace columns": None if near_nullspace is None else
-             (near_nullspace.shape[-1] if isinstance(near_nullspace, torch.Tensor) else "given"),
-             "options_prefix": options_prefix,
-             "petsc_options": options_key(petsc_options),
-             # a graph on some ranks only would leave those ranks alone in the backward's adjoint
-             "A's values require grad": needs_grad(dA.values if dA is not None else None),
-             "b requires grad": needs_grad(b)}
-    check_collective(comm, err, agree=agree)
-    return dA
+    settings = SOLVE_SETTINGS.bind(
+        method=method, backend=backend, pc=_pc_key(p), restart=restart, options_prefix=options_prefix,
+        petsc_options=options_key(petsc_options),
+        # GAMG configured to keep its prolongators: a KSP of its own
+        **{"reuse interpolation": check_reuse(reuse_pc) is None and backend == "petsc"
+           and resolve_reuse(reuse_pc, backend, p) == "interpolation"},
+        rtol=float(rtol) if _is_real(rtol) else repr(rtol),
+        atol=float(atol) if _is_real(atol) else repr(atol),
+        maxiter=maxiter, return_info=bool(return_info), raise_on_fail=bool(raise_on_fail),
+        reuse_pc=reuse_pc if isinstance(reuse_pc, (bool, str)) else repr(reuse_pc),
+        dtype=str(b.dtype) if isinstance(b, torch.Tensor) else None,
+        **{"b columns": (b.shape[1] if b.dim() == 2 else None) if isinstance(b, torch.Tensor) else None,
+           "x0 given": x0 if isinstance(x0, str) else x0 is not None,
+           "near_nullspace columns": None if near_nullspace is None else
+           (near_nullspace.shape[-1] if isinstance(near_nullspace, torch.Tensor) else "given"),
+           # a graph on some ranks only would leave those ranks alone in the backward's adjoint
+           "A's values require grad": needs_grad(dA.values if dA is not None else None),
+           "b requires grad": needs_grad(b)})
+    check_collective(comm, err, agree=settings.agree())
+    return dA, settings
 
 
 def _progress_callback(comm, every: int, user_cb):
@@ -341,7 +352,7 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
     # stage / event / phase times (slasolve._log): local bookkeeping, no communication
     with _log.stage("slaSolve"), _log.event("slaSolve"), _log.collect() as times:
         with _log.phase("check"):
-            dA = _validate(A, b, x0, method=method, backend=backend, pc=pc, M=M, rtol=rtol, atol=atol,
+            dA, settings = _validate(A, b, x0, method=method, backend=backend, pc=pc, M=M, rtol=rtol, atol=atol,
                            maxiter=maxiter, restart=restart, petsc_options=petsc_options,
                            options_prefix=options_prefix, return_info=return_info,
                            raise_on_fail=raise_on_fail, reuse_pc=reuse_pc, near_nullspace=near_nullspace)
@@ -353,7 +364,7 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         if progress:
             callback = _progress_callback(dA.comm, 10 if progress is True else int(progress), callback)
         reuse_pc = resolve_reuse(reuse_pc, backend, pc)
-        solver = _solver(dA, method, backend, pc, restart, options_prefix, petsc_options, reuse_pc)
+        solver = _solver(dA, settings, pc, petsc_options)
         opts = dict(rtol=float(rtol), atol=float(atol), maxiter=None if maxiter is None else int(maxiter),
                     callback=callback, record_history=record_history, raise_on_fail=raise_on_fail,
                     pc_fn=pc if callable(pc) else None, reuse_pc=reuse_pc, warm=isinstance(x0, str))
@@ -365,10 +376,10 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
         if isinstance(x0, str):
             x0 = None  # the previous solution, looked up in AdjointSolve
         if reuse_pc == "interpolation" and backend == "petsc":  # last resort: the default-mode KSP
-            opts["fallback"] = lambda: _solver(dA, method, backend, pc, restart, options_prefix, petsc_options)
+            opts["fallback"] = lambda: _solver(dA, settings, pc, petsc_options, **{"reuse interpolation": False})
         if KRYLOV_METHODS[method].symmetric:  # the adjoint of a matrix that turns out nonsymmetric
-            opts["transpose_solver"] = lambda: _solver(dA, "gmres", backend, pc, restart, options_prefix,
-                                                       petsc_options)
+            opts["transpose_solver"] = lambda: _solver(dA, settings, pc, petsc_options, method="gmres",
+                                                       **{"reuse interpolation": False})
         if near_nullspace is not None and backend == "petsc":  # a hint only the petsc backend uses
             opts["near_nullspace"] = near_nullspace
         out: dict = {}
