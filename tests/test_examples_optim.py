@@ -261,6 +261,78 @@ def test_inverse_misfit_gradcheck():
                                     fast_mode=COMM.Get_size() > 1)
 
 
+def l_shaped_msh(d):
+    """A gmsh file written by rank 0: the [0, 2] x [0, 1] plate minus its upper-right quarter,
+    P1 triangles (a domain that is not a box, with a bounding box that is not the unit square)."""
+    path = os.path.join(d, "lshape.msh")
+    if COMM.rank == 0:
+        meshio = pytest.importorskip("meshio")
+        box = box_mesh((12, 6), upper=(2.0, 1.0), cell="triangle", comm=MPI.COMM_SELF)
+        c = box.cells.numpy()
+        xc = box.node_coords.numpy()[c].mean(1)
+        keep = c[~((xc[:, 0] > 1.0) & (xc[:, 1] > 0.5))]
+        used, inv = np.unique(keep, return_inverse=True)
+        pts = np.c_[box.node_coords.numpy()[used], np.zeros(used.size)]
+        meshio.write(path, meshio.Mesh(pts, [("triangle", inv.reshape(keep.shape))]), file_format="gmsh22",
+                     binary=False)
+    COMM.Barrier()
+    return path
+
+
+@pytest.fixture
+def shared_tmp():
+    import shutil
+    import tempfile
+    d = COMM.bcast(tempfile.mkdtemp(prefix="slasolve_inv_mesh_") if COMM.rank == 0 else None, root=0)
+    yield d
+    COMM.Barrier()
+    if COMM.rank == 0:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_dual_graph_laplacian_is_the_box_cell_laplacian():
+    """On a box mesh, the Laplacian of the dual graph (any mesh) equals cell_laplacian (box only)."""
+    mesh = box_mesh(6, cell="triangle", comm=COMM)
+    L, ref = inv.dual_graph_laplacian(mesh), cell_laplacian(mesh, 6)
+    assert L.spec.offsets == ref.spec.offsets
+    assert torch.equal(L.local.indptr, ref.local.indptr) and torch.equal(L.local.indices, ref.local.indices)
+    assert torch.equal(L.local.values, ref.local.values)
+
+
+def test_inverse_example_on_a_mesh_file(shared_tmp):
+    """--mesh FILE (a gmsh .msh written here, converted once): the objective falls, kappa gets
+    closer to the truth, the data do not depend on the rank count, and --output .xdmf holds the
+    recovered kappa."""
+    h5py = pytest.importorskip("h5py")  # noqa: F841
+    from slasolve.fem import read_cell_data, read_mesh
+    msh = l_shaped_msh(shared_tmp)
+    out = os.path.join(shared_tmp, "kappa.xdmf")
+    res = inv.main(["--mesh", msh, "--iters", "6", "--quiet", "--output", out], comm=COMM)
+    h, prob = res["history"], res["problem"]
+    assert prob.n_cells == 108 and prob.mesh.cell_type == "triangle"
+    assert len(h) == 7 and all(np.isfinite(h)) and h[-1] < 0.5 * h[0], h
+    assert res["rel_error"] < prob.relative_error(torch.zeros_like(res["theta"]))
+    mesh = read_mesh(out, comm=COMM)
+    kappa = read_cell_data(out, mesh, "kappa")
+    got = np.empty(prob.n_cells)
+    got[np.concatenate(COMM.allgather(mesh.original_cell_ids.numpy()))] = np.concatenate(
+        COMM.allgather(kappa.numpy()))
+    ref = np.concatenate(COMM.allgather(torch.exp(res["theta"]).numpy()))   # the file's cells: rank after rank
+    assert np.array_equal(got, ref)
+    # the data by file node id, and the misfit of a theta given by file cell id, at one rank and at this run's
+    xdmf = msh[:-len(".msh")] + ".xdmf"
+    one = inv.ConductivityProblem(noise=prob.sigma, comm=MPI.COMM_SELF, mesh_file=xdmf)
+    for p in (prob, one):
+        p.file_ids = p.mesh.original_ids[p.mesh.owned_mask()].numpy()
+    d_ref = np.empty((one.file_ids.size, 2))
+    d_ref[one.file_ids] = one.data.numpy()
+    np.testing.assert_allclose(prob.data.numpy(), d_ref[prob.file_ids], rtol=0, atol=1e-9)
+
+    def theta(p):
+        return 0.4 * torch.sin(p.mesh.original_cell_ids.to(torch.float64))
+    assert abs(float(prob.misfit(theta(prob))) - float(one.misfit(theta(one)))) < 1e-8 * float(one.misfit(theta(one)))
+
+
 # ----------------------------------------------------------------------------- hyperelastic inverse
 hyper = load_example("hyperelastic_inverse")
 

@@ -33,7 +33,7 @@ from ..partition import PartitionQuality
 from .cells import CELL_DIM, CELL_FACETS, CELL_VERTICES, ORIENTATION_FLIP, signed_measure
 from .mesh import FacetTags, Mesh
 
-__all__ = ["distribute_cells", "fetch_rows", "partition_quality", "PARALLEL_PARTITIONERS"]
+__all__ = ["distribute_cells", "fetch_rows", "partition_quality", "dual_graph", "PARALLEL_PARTITIONERS"]
 
 PARALLEL_PARTITIONERS = ("ptscotch", "metis", "block")
 
@@ -442,6 +442,26 @@ def distribute_cells(comm: Optional[MPI.Comm], cell_type: str, cells: np.ndarray
 
 
 # --------------------------------------------------------------------------- quality
+def dual_graph(mesh: Mesh) -> Tuple[np.ndarray, np.ndarray]:
+    """Collective. The dual graph of a distributed mesh: cells sharing a facet.
+
+    Cells are numbered rank after rank (``offsets[r] + local index``, the numbering of
+    :attr:`slasolve.fem.Assembler.cell_range`). Returns ``(indptr, cols)``: CSR rows of this
+    rank's cells, ``cols`` the global ids of the cells across their facets (any rank; in
+    facet order). Built by the facet referees of :func:`distribute_cells` (one exchange
+    there and back): works on any mesh, not only on boxes.
+    """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a Mesh, got {type(mesh).__name__}")
+    comm = mesh.comm
+    n = mesh.n_local_cells
+    offsets = np.concatenate([[0], np.cumsum(comm.allgather(n))]).astype(np.int64)
+    ids = offsets[comm.Get_rank()] + np.arange(n, dtype=np.int64)
+    f = _match_facets(comm, mesh.cells.numpy(), ids, mesh.cell_type, mesh.n_global_nodes, None, offsets,
+                      "dual_graph")
+    return _local_graph(ids, f.neighbours)
+
+
 def partition_quality(mesh: Mesh) -> PartitionQuality:
     """Collective. Quality of the cell partition of ``mesh``: its dual graph (cells sharing a
     facet) cut by the ranks.
