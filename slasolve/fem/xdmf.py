@@ -6,7 +6,9 @@ File layout (what :func:`write_xdmf` writes; ParaView and DOLFINx open it):
   ``(n_nodes, dim)`` float64, ``/Mesh/cell_tags`` ``(n_cells,)`` int32 (when the mesh has
   cell tags), ``/Mesh/facet_topology`` + ``/Mesh/facet_values`` (facet tags),
   ``/PointData/<name>`` and ``/CellData/<name>`` (fields without a time),
-  ``/Function/<name>/<k>`` (the ``k``-th time step of a time series), and
+  ``/Function/<name>/<k>`` (the ``k``-th time step of a time series),
+  ``/Matrix/<name>/{row,col,value}`` (assembled matrices: triplets in the file's node
+  numbering, see :func:`read_matrix`), and
   ``/Partition/cell_offsets``, ``/Partition/node_offsets`` (the writer's layout, so that a
   reload on as many ranks rebuilds the same partition and numbering);
 * ``<stem>.xdmf``: the XDMF 3 index: a ``Uniform`` grid ``mesh`` (``Topology``,
@@ -17,7 +19,9 @@ File layout (what :func:`write_xdmf` writes; ParaView and DOLFINx open it):
 Rank ``r`` writes the rows of its owned nodes (``owned_range``: the file's node ids are
 the mesh's global ids) and of its cells (rank after rank), so the write needs no
 communication but offsets. With h5py built with MPI (Debian's ``python3-h5py-mpi``)
-under more than one rank, the file is written collectively through MPI-IO; with a
+under more than one rank, rank 0 creates the datasets (allocated), then every rank writes
+its rows through MPI-IO (independent writes: a rank failing there leaves no one waiting in
+a collective HDF5 call); with a
 serial h5py (pip's wheel) the ranks write their rows in turn (same file, one rank at a
 time; no rank holds more than its share). Without h5py, every function raises
 ``ImportError`` on every rank.
