@@ -33,7 +33,7 @@ and true fields (cell data) and the data (point data) with :func:`slasolve.fem.w
 slices and partitioned with PT-Scotch; a gmsh ``.msh`` or other meshio format is converted
 once to XDMF next to it): the experiments are ``u = x`` and ``u = y`` on its whole boundary,
 the inclusions sit at the same places relative to its bounding box, the regulariser is the
-graph Laplacian of its dual graph (cells sharing an edge: :func:`slasolve.fem.dual_graph`),
+graph Laplacian of its dual graph (cells sharing an edge: :func:`slasolve.fem.dual_graph_laplacian`),
 the noise is hashed from the file's node ids (the same data at every rank count) and the
 error of ``kappa`` is weighted by the cell areas.
 """
@@ -56,7 +56,7 @@ from mpi4py import MPI
 
 import slasolve
 from slasolve import global_sum as allreduce_sum
-from slasolve.fem import (Assembler, DirichletBC, boundary_dofs, box_mesh, cell_laplacian, dual_graph,
+from slasolve.fem import (Assembler, DirichletBC, boundary_dofs, box_mesh, cell_laplacian, dual_graph_laplacian,
                           element_volume, read_mesh, write_mesh, write_xdmf)
 from slasolve.testing import local_slice
 from slasolve import parse_args as parse_petsc_args  # noqa: E402
@@ -177,24 +177,6 @@ def read_mesh_file(path: str, comm) -> "slasolve.fem.Mesh":
     if mesh.dim != 2:     # the same mesh on every rank: every rank raises
         raise ValueError(f"--mesh {path}: the conductivity problem is 2-D, this mesh is {mesh.dim}-D")
     return mesh
-
-
-def dual_graph_laplacian(mesh) -> slasolve.DSparseTensor:
-    """Collective. ``L = D - W`` over the cells, ``W_ef = 1`` for cells sharing an edge (rows:
-    this rank's cells, numbered as :attr:`Assembler.cell_range`)."""
-    indptr, nbr = dual_graph(mesh)
-    n = mesh.n_local_cells
-    s = mesh.comm.exscan(n) or 0
-    deg = np.diff(indptr)
-    # each row: the neighbours (-1) and the cell itself (its degree)
-    cols = np.concatenate([nbr, s + np.arange(n)])
-    vals = np.concatenate([-np.ones(nbr.size), deg.astype(np.float64)])
-    rows = np.concatenate([np.repeat(np.arange(n), deg), np.arange(n)])
-    order = np.lexsort((cols, rows))
-    ip = np.concatenate([[0], np.cumsum(deg + 1)])
-    n_global = mesh.comm.allreduce(n)
-    return slasolve.DSparseTensor.from_local_rows(ip, cols[order], torch.from_numpy(vals[order]),
-                                                  (n_global, n_global), mesh.comm)
 
 
 def parse_args(argv=None):

@@ -18,7 +18,8 @@
   :func:`read_matrix` (restart on any number of ranks), :func:`convert_mesh` (gmsh ``.msh`` and other
   meshio formats to XDMF, once).
 * :mod:`slasolve.fem.distribute` -- parallel dual graph, partition (PT-Scotch, METIS,
-  block) and redistribution of a mesh read in slices; :func:`partition_quality`, :func:`dual_graph`.
+  block) and redistribution of a mesh read in slices; :func:`partition_quality`, :func:`dual_graph`,
+  :func:`dual_graph_laplacian`.
 * :mod:`slasolve.fem.assembly` -- :class:`Assembler` (alias :class:`FunctionSpace`;
   collective): precomputed distributed pattern, vectorised differentiable
   assembly of stiffness / mass / elasticity matrices and load vectors.
@@ -48,7 +49,7 @@ from .hyperelastic import NeoHookean  # noqa: E402
 __all__ += ["BoundaryFacets", "boundary_facets", "neumann_load", "NonlinearProblem", "NonlinearDiffusion",
             "NeoHookean"]
 from .mesh import FacetTags  # noqa: E402
-from .distribute import dual_graph, partition_quality  # noqa: E402
+from .distribute import dual_graph, dual_graph_laplacian, partition_quality  # noqa: E402
 from .xdmf import convert_mesh, read_cell_data, read_matrix, read_point_data, write_xdmf, xdmf_steps  # noqa: E402
-__all__ += ["tagged_facets", "tagged_nodes", "FacetTags", "partition_quality", "dual_graph", "write_xdmf", "read_point_data", "read_cell_data", "read_matrix", "xdmf_steps",
+__all__ += ["tagged_facets", "tagged_nodes", "FacetTags", "partition_quality", "dual_graph", "dual_graph_laplacian", "write_xdmf", "read_point_data", "read_cell_data", "read_matrix", "xdmf_steps",
             "convert_mesh"]
