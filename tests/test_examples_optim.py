@@ -371,7 +371,8 @@ def test_topology_example_on_a_mesh_file(shared_tmp):
     assert abs(prob.volume(res["xphys"]) / prob.total_volume - 0.5) < 1e-2
     assert abs(prob.total_volume - 3.0) < 1e-12
     xdmf = msh[:-len(".msh")] + ".xdmf"
-    one = topo.main(["--mesh", xdmf] + argv, comm=MPI.COMM_SELF)["history"]
+    one = COMM.bcast(topo.main(["--mesh", xdmf] + argv, comm=MPI.COMM_SELF)["history"] if COMM.rank == 0
+                     else None, root=0)
     np.testing.assert_allclose(h, one, rtol=1e-7)
     mesh = read_mesh(out, comm=COMM)
     dens = read_cell_data(out, mesh, "density")
@@ -434,25 +435,28 @@ def test_hyperelastic_inverse_on_a_mesh_file(shared_tmp):
     from slasolve.fem import read_cell_data, read_mesh
     msh = cantilever_msh(shared_tmp)
     out = os.path.join(shared_tmp, "mu.xdmf")
-    res = hyper.main(["--mesh", msh, "--iters", "2", "--quiet", "--output", out], comm=COMM)
+    res = hyper.main(["--mesh", msh, "--iters", "1", "--quiet", "--output", out], comm=COMM)
     h, prob = res["history"], res["problem"]
-    assert prob.n_cells == 48 and len(h) == 3 and h[-1] < 0.2 * h[0], h
+    assert prob.n_cells == 48 and len(h) == 2 and h[-1] < 0.5 * h[0], h
     init_rel, _ = prob.scores(torch.full_like(res["theta"], float(hyper.theta_of(torch.tensor(1.0)))))
     assert res["rel_error"] < init_rel
     mu = read_cell_data(out, read_mesh(out, comm=COMM), "mu")
     assert np.array_equal(gather(mu), gather(hyper.mu_of(res["theta"])))   # the file's cells: rank after rank
     xdmf = msh[:-len(".msh")] + ".xdmf"
-    one = hyper.HyperelasticProblem(noise=0.002, comm=MPI.COMM_SELF, mesh_file=xdmf)
-    assert abs(one.sigma - prob.sigma) <= 1e-9 * one.sigma
-    for p in (prob, one):
-        p.file_dofs = (p.mesh.original_ids[p.mesh.owned_mask()].numpy()[:, None] * 2 + np.arange(2)).reshape(-1)
-    for k in range(2):
-        ref = np.empty(one.file_dofs.size)
-        ref[one.file_dofs] = one.data[k].numpy()
-        d = np.abs(prob.data[k].numpy() - ref[prob.file_dofs]).max()
-        assert d <= 1e-6 * one.sigma
-
     def theta(p):
         return 0.3 * torch.sin(p.mesh.original_cell_ids.to(torch.float64))
-    m1, m2 = float(prob.misfit(theta(prob))), float(one.misfit(theta(one)))
+
+    def file_dofs(p):
+        return (p.mesh.original_ids[p.mesh.owned_mask()].numpy()[:, None] * 2 + np.arange(2)).reshape(-1)
+    ref = None
+    if COMM.rank == 0:     # the one-rank run, once
+        one = hyper.HyperelasticProblem(noise=0.002, comm=MPI.COMM_SELF, mesh_file=xdmf)
+        data = np.empty((2, file_dofs(one).size))
+        data[:, file_dofs(one)] = np.stack([d.numpy() for d in one.data])
+        ref = (one.sigma, data, float(one.misfit(theta(one))))
+    sigma, data, m2 = COMM.bcast(ref, root=0)
+    assert abs(sigma - prob.sigma) <= 1e-9 * sigma
+    for k in range(2):
+        assert np.abs(prob.data[k].numpy() - data[k, file_dofs(prob)]).max() <= 1e-6 * sigma
+    m1 = float(prob.misfit(theta(prob)))
     assert abs(m1 - m2) < 1e-6 * m2
