@@ -447,7 +447,7 @@ def dual_graph(mesh: Mesh) -> Tuple[np.ndarray, np.ndarray]:
     """Collective. The dual graph of a distributed mesh: cells sharing a facet.
 
     Cells are numbered rank after rank (``offsets[r] + local index``, the numbering of
-    :attr:`slasolve.fem.Assembler.cell_range`). Returns ``(indptr, cols)``: CSR rows of this
+    ``Assembler.cell_range``). Returns ``(indptr, cols)``: CSR rows of this
     rank's cells, ``cols`` the global ids of the cells across their facets (any rank; in
     facet order). Built by the facet referees of :func:`distribute_cells` (one exchange
     there and back): works on any mesh, not only on boxes.
