@@ -3,6 +3,7 @@
     python examples/topology_optimisation.py                         # 60 x 20, 50 iterations
     mpirun -n 4 python examples/topology_optimisation.py --nelx 120 --nely 40 --iters 100 --png mbb.png
     python examples/topology_optimisation.py --reuse lagged --warm   # reuse across OC iterations
+    mpirun -n 4 python examples/topology_optimisation.py --mesh bracket.msh --clamp 1 --load 2 --output x.xdmf
 
 The classic 88-line code (Andreassen, Clausen, Schevenels, Lazarov & Sigmund 2011):
 ``nelx x nely`` unit-square Q1 plane-stress elements, ``E = Emin + x^p (E0 - Emin)``
@@ -26,6 +27,18 @@ recomputes coarse operators and smoothers); ``--warm`` starts each solve (and it
 from the previous iteration's solution (``x0="previous"``). The answers are checked against
 the current matrix in every mode, so the compliance history is the same to the solver
 tolerance (``bench/topopt.py`` measures time and difference).
+
+``--mesh FILE`` optimises a part of the user's geometry instead (2-D plane stress or 3-D;
+XDMF + HDF5 read in parallel slices and partitioned with PT-Scotch, or a gmsh ``.msh``
+converted once to XDMF next to it): the facets of physical group ``--clamp`` are fixed,
+those of ``--load`` carry the traction ``--traction`` along the last axis, the volume is
+the cells' measure (``volfrac`` of the part's), and the density filter is the PDE
+(Helmholtz) filter of Lazarov & Sigmund (2011), ``-r^2 lap(y) + y = x`` on the P1/Q1 nodes
+with ``r = rmin / (2 sqrt 3)`` and the cell value the mean of its nodes' (the box filter
+needs the box's cell grid; this one needs only the mesh; default ``rmin``: 2.5 times the
+mean cell size). Sensitivities still come from ``compliance.backward()``, now through the
+filter's solve as well. ``--output`` writes the physical densities and the displacement
+(``.xdmf``: XDMF + HDF5; else ``.pvtu``).
 """
 from __future__ import annotations
 
@@ -45,7 +58,8 @@ from mpi4py import MPI
 
 import slasolve
 from slasolve import global_sum as allreduce_sum
-from slasolve.fem import Assembler, DensityFilter, DirichletBC, boundary_dofs, box_mesh
+from slasolve.fem import (Assembler, DensityFilter, DirichletBC, boundary_dofs, box_mesh, element_volume,
+                          neumann_load, read_mesh, tagged_facets, tagged_nodes, write_mesh, write_xdmf)
 from slasolve import parse_args as parse_petsc_args  # noqa: E402
 
 
@@ -70,10 +84,15 @@ def parse_args(argv=None):
     p.add_argument("--reuse", default="none", choices=tuple(REUSE),
                    help="preconditioner reuse across OC iterations (slasolve.solve's reuse_pc)")
     p.add_argument("--warm", action="store_true", help="warm starts: x0='previous' (forward and adjoint)")
-    p.add_argument("--png", default=None, help="write the final design as a PNG image")
+    p.add_argument("--png", default=None, help="write the final design as a PNG image (the box)")
+    p.add_argument("--mesh", default=None, help="optimise on this mesh file (.xdmf, or .msh converted once)")
+    p.add_argument("--clamp", type=int, default=1, help="facet tag of the clamped facets (--mesh)")
+    p.add_argument("--load", type=int, default=2, help="facet tag of the loaded facets (--mesh)")
+    p.add_argument("--traction", type=float, default=-1.0, help="traction along the last axis (--mesh)")
+    p.add_argument("--output", default=None, help="write the design and displacement (--mesh; .xdmf or .pvtu)")
     p.add_argument("--quiet", action="store_true")
     args = parse_petsc_args(p, argv)   # -ksp_monitor, -log_view ... go to PETSc
-    if args.rmin is None:
+    if args.rmin is None and args.mesh is None:
         args.rmin = max(1.5, 0.04 * args.nelx)
     return args
 
@@ -116,6 +135,9 @@ class MBB:
         self.solve_opts.update(opts)
         self.last_u = None
         self.infos = []   # SolveInfo per compliance evaluation (iterations, reuse decisions)
+        self.kind = "plane_stress"
+        self.cell_volume = None                   # unit elements
+        self.total_volume = float(nelx * nely)
 
     def young(self, xphys: torch.Tensor) -> torch.Tensor:
         return self.Emin + xphys ** self.penal * (self.E0 - self.Emin)
@@ -127,16 +149,87 @@ class MBB:
     def compliance(self, x: torch.Tensor, filtered: bool = True) -> torch.Tensor:
         """Collective. ``c = f . u`` with ``K(E(x_phys)) u = f`` (a 0-d tensor, the same on every rank)."""
         xphys = self.physical(x) if filtered else x
-        K = self.space.elasticity(self.young(xphys), self.nu, kind="plane_stress")
+        K = self.space.elasticity(self.young(xphys), self.nu, kind=self.kind)
         K_bc, f_bc = self.bc.apply(K, self.f)
         u, info = slasolve.solve(K_bc, f_bc, return_info=True, **self.solve_opts)
         self.infos.append(info)
         self.last_u = u.detach()
         return allreduce_sum((self.f * u).sum(), self.comm)
 
+    def weighted(self, xphys: torch.Tensor) -> torch.Tensor:
+        """Local. The cells' material volumes (the densities on unit elements)."""
+        return xphys if self.cell_volume is None else xphys * self.cell_volume
+
     def volume(self, xphys: torch.Tensor) -> float:
-        """Collective. Global sum of the physical densities."""
-        return float(allreduce_sum(xphys.detach().sum(), self.comm))
+        """Collective. Global material volume (the sum of the physical densities on the box)."""
+        return float(allreduce_sum(self.weighted(xphys.detach()).sum(), self.comm))
+
+
+class HelmholtzFilter:
+    """Collective (constructor and call). The PDE density filter on any mesh (see the module
+    doc): ``(r^2 K + M) y = T x``, ``T x = int x N_i`` (``x`` constant per cell), the result
+    the mean of ``y`` over each cell's nodes. Differentiable in ``x`` (adjoint solve)."""
+
+    def __init__(self, mesh, rmin: float, solve_opts: dict):
+        self.space = sp = Assembler(mesh)
+        r = float(rmin) / (2.0 * 3.0 ** 0.5)
+        K, M = sp.stiffness(r * r), sp.mass(1.0)
+        self.A = K.with_values(K.values + M.values)          # one pattern: the space's template
+        self.nodes = torch.searchsorted(mesh.node_ids, mesh.cells)       # local node index per cell vertex
+        self.opts = dict(solve_opts, method="cg", rtol=min(1e-12, solve_opts.get("rtol", 1e-12)))
+        for k in ("reuse_pc", "x0"):
+            self.opts.pop(k, None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = slasolve.solve(self.A, self.space.load(x[:, None].expand(-1, self.nodes.shape[1])), **self.opts)
+        return self.space.fetch_ghosts(y)[self.nodes].mean(1)
+
+
+class MeshProblem(MBB):
+    """Collective (constructor). Compliance minimisation on a mesh file with tagged facets
+    (see the module doc); the same interface as :class:`MBB` for :func:`optimise`."""
+
+    def __init__(self, path: str, clamp: int = 1, load: int = 2, traction: float = -1.0,
+                 rmin: float | None = None, penal: float = 3.0, E0: float = 1.0, Emin: float = 1e-9,
+                 nu: float = 0.3, comm=None, solve_opts=None):
+        from slasolve.fem.xdmf import convert_mesh
+
+        self.comm = comm = MPI.COMM_WORLD if comm is None else comm
+        self.penal, self.E0, self.Emin, self.nu = penal, E0, Emin, nu
+        if not path.lower().endswith((".xdmf", ".xmf")):
+            xdmf = os.path.splitext(path)[0] + ".xdmf"
+            convert_mesh(path, xdmf, comm=comm)
+            path = xdmf
+        self.path = path
+        self.mesh = mesh = read_mesh(path, comm=comm)
+        dim = mesh.dim
+        self.kind = "plane_stress" if dim == 2 else None
+        self.space = sp = Assembler(mesh, block_size=dim)
+        nodes = tagged_nodes(mesh, clamp)
+        if comm.allreduce(int(nodes.shape[0])) == 0:
+            raise ValueError(f"--mesh {path}: no facet is tagged {clamp} (--clamp): nothing would be clamped")
+        loaded = tagged_facets(mesh, load)
+        if comm.allreduce(len(loaded)) == 0:
+            raise ValueError(f"--mesh {path}: no facet is tagged {load} (--load): nothing would be loaded")
+        self.bc = DirichletBC(sp, (nodes[:, None] * dim + torch.arange(dim)).reshape(-1), 0.0)
+        g = [0.0] * dim
+        g[-1] = float(traction)
+        self.f = neumann_load(sp, g, facets=loaded)
+        self.cell_volume = element_volume(sp.cell_coords, mesh.cell_type)
+        self.total_volume = float(allreduce_sum(self.cell_volume.sum(), comm))
+        n_cells = mesh.n_global_cells
+        self.rmin = 2.5 * (self.total_volume / n_cells) ** (1.0 / dim) if rmin is None else float(rmin)
+        self.cell_range = sp.cell_range
+        self.n_local = mesh.n_local_cells
+        opts = dict(solve_opts or {})
+        if opts.get("pc") is None:
+            opts["pc"] = "gamg" if (opts.get("backend") or slasolve.krylov.default_backend()) == "petsc" \
+                else "jacobi"
+        self.solve_opts = dict(method="cg", rtol=1e-10)
+        self.solve_opts.update(opts)
+        self.filt = HelmholtzFilter(mesh, self.rmin, self.solve_opts)
+        self.last_u = None
+        self.infos = []
 
 
 def oc_update(prob: MBB, x: torch.Tensor, dc: torch.Tensor, dv: torch.Tensor, volfrac: float,
@@ -144,7 +237,7 @@ def oc_update(prob: MBB, x: torch.Tensor, dc: torch.Tensor, dv: torch.Tensor, vo
     """Collective. The 88-line code's optimality-criteria update with bisection on the
     Lagrange multiplier of the volume constraint (every rank takes the same branch: the
     volume is an Allreduce). Returns the new local design variables."""
-    target = volfrac * prob.nelx * prob.nely
+    target = volfrac * prob.total_volume
     l1, l2 = 0.0, 1e9
     ratio = torch.sqrt(torch.clamp(-dc, min=0.0) / dv)
     with torch.no_grad():
@@ -187,14 +280,14 @@ def optimise(prob: MBB, volfrac: float = 0.5, iters: int = 50, tol: float = 0.01
         dc = xr.grad
         # volume sensitivities through the filter, also by autograd
         xv = x.clone().requires_grad_(True)
-        allreduce_sum(prob.physical(xv).sum(), comm).backward()
+        allreduce_sum(prob.weighted(prob.physical(xv)).sum(), comm).backward()
         dv = xv.grad
         xnew = oc_update(prob, x, dc, dv, volfrac)
         change = float(allreduce_max(torch.abs(xnew - x).max(), comm))
         x = xnew
         history.append(float(c.detach()))
         if say is not None:
-            vol = prob.volume(prob.physical(x)) / (prob.nelx * prob.nely)
+            vol = prob.volume(prob.physical(x)) / prob.total_volume
             say(f" It.: {it + 1:4d}  Obj.: {history[-1]:11.4f}  Vol.: {vol:6.3f}  ch.: {change:6.3f}")
         if change < tol:
             break
@@ -240,17 +333,31 @@ def main(argv=None, comm=None) -> dict:
     rank, size = comm.Get_rank(), comm.Get_size()
     say = (print if rank == 0 else (lambda *a, **k: None)) if not args.quiet else None
     t0 = time.perf_counter()
-    prob = MBB(args.nelx, args.nely, rmin=args.rmin, penal=args.penal, comm=comm,
-               solve_opts=dict(method=args.solver, pc=args.pc, rtol=args.rtol, backend=args.backend,
-                               reuse_pc=REUSE[args.reuse], x0="previous" if args.warm else None))
+    opts = dict(method=args.solver, pc=args.pc, rtol=args.rtol, backend=args.backend,
+                reuse_pc=REUSE[args.reuse], x0="previous" if args.warm else None)
+    if args.mesh is None:
+        prob = MBB(args.nelx, args.nely, rmin=args.rmin, penal=args.penal, comm=comm, solve_opts=opts)
+        where = f"MBB {args.nelx} x {args.nely}"
+    else:
+        prob = MeshProblem(args.mesh, args.clamp, args.load, args.traction, rmin=args.rmin, penal=args.penal,
+                           comm=comm, solve_opts=opts)
+        args.rmin = prob.rmin
+        where = (f"{os.path.basename(args.mesh)} ({prob.mesh.n_global_cells} {prob.mesh.cell_type} cells, "
+                 f"clamp {args.clamp}, load {args.load}, Helmholtz filter)")
     if say:
-        say(f"slasolve topology optimisation: MBB {args.nelx} x {args.nely}, volfrac {args.volfrac}, "
+        say(f"slasolve topology optimisation: {where}, volfrac {args.volfrac}, "
             f"penal {args.penal}, rmin {args.rmin:g}, {size} rank(s), {args.solver} + {prob.solve_opts['pc']} "
             f"({args.backend or slasolve.krylov.default_backend()} backend), reuse {args.reuse}"
             f"{', warm starts' if args.warm else ''}")
     x, history = optimise(prob, args.volfrac, args.iters, args.tol, say)
     xphys = prob.physical(x).detach()
-    if args.png:
+    if args.output:
+        u = prob.last_u.reshape(-1, prob.space.bs)
+        write = write_xdmf if args.output.lower().endswith(".xdmf") else write_mesh
+        path = write(args.output, prob.mesh, point_data={"u": u}, cell_data={"density": xphys})
+        if say:
+            say(f"wrote {path}")
+    if args.png and args.mesh is None:
         design = gather_design(prob, xphys)
         if rank == 0:
             write_png(args.png, design)

@@ -18,12 +18,13 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 import torch
 
+import slasolve
 import slasolve.krylov
 from mpi4py import MPI
 
 from example_loader import load_example
 
-from slasolve.fem import DensityFilter, box_mesh, cell_laplacian, elasticity_stiffness
+from slasolve.fem import DensityFilter, box_mesh, cell_laplacian, dual_graph_laplacian, elasticity_stiffness
 from slasolve.testing import local_slice
 
 pytestmark = pytest.mark.mpi
@@ -261,6 +262,133 @@ def test_inverse_misfit_gradcheck():
                                     fast_mode=COMM.Get_size() > 1)
 
 
+def l_shaped_msh(d):
+    """A gmsh file written by rank 0: the [0, 2] x [0, 1] plate minus its upper-right quarter,
+    P1 triangles (a domain that is not a box, with a bounding box that is not the unit square)."""
+    path = os.path.join(d, "lshape.msh")
+    if COMM.rank == 0:
+        meshio = pytest.importorskip("meshio")
+        box = box_mesh((12, 6), upper=(2.0, 1.0), cell="triangle", comm=MPI.COMM_SELF)
+        c = box.cells.numpy()
+        xc = box.node_coords.numpy()[c].mean(1)
+        keep = c[~((xc[:, 0] > 1.0) & (xc[:, 1] > 0.5))]
+        used, inv = np.unique(keep, return_inverse=True)
+        pts = np.c_[box.node_coords.numpy()[used], np.zeros(used.size)]
+        meshio.write(path, meshio.Mesh(pts, [("triangle", inv.reshape(keep.shape))]), file_format="gmsh22",
+                     binary=False)
+    COMM.Barrier()
+    return path
+
+
+@pytest.fixture
+def shared_tmp():
+    import shutil
+    import tempfile
+    d = COMM.bcast(tempfile.mkdtemp(prefix="slasolve_inv_mesh_") if COMM.rank == 0 else None, root=0)
+    yield d
+    COMM.Barrier()
+    if COMM.rank == 0:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_dual_graph_laplacian_is_the_box_cell_laplacian():
+    """On a box mesh, the Laplacian of the dual graph (any mesh) equals cell_laplacian (box only)."""
+    mesh = box_mesh(6, cell="triangle", comm=COMM)
+    L, ref = dual_graph_laplacian(mesh), cell_laplacian(mesh, 6)
+    assert L.spec.offsets == ref.spec.offsets
+    assert torch.equal(L.local.indptr, ref.local.indptr) and torch.equal(L.local.indices, ref.local.indices)
+    assert torch.equal(L.local.values, ref.local.values)
+
+
+def test_inverse_example_on_a_mesh_file(shared_tmp):
+    """--mesh FILE (a gmsh .msh written here, converted once): the objective falls, kappa gets
+    closer to the truth, the data do not depend on the rank count, and --output .xdmf holds the
+    recovered kappa."""
+    h5py = pytest.importorskip("h5py")  # noqa: F841
+    from slasolve.fem import read_cell_data, read_mesh
+    msh = l_shaped_msh(shared_tmp)
+    out = os.path.join(shared_tmp, "kappa.xdmf")
+    res = inv.main(["--mesh", msh, "--iters", "6", "--quiet", "--output", out], comm=COMM)
+    h, prob = res["history"], res["problem"]
+    assert prob.n_cells == 108 and prob.mesh.cell_type == "triangle"
+    assert len(h) == 7 and all(np.isfinite(h)) and h[-1] < 0.5 * h[0], h
+    assert res["rel_error"] < prob.relative_error(torch.zeros_like(res["theta"]))
+    mesh = read_mesh(out, comm=COMM)
+    kappa = read_cell_data(out, mesh, "kappa")
+    got = np.empty(prob.n_cells)
+    got[np.concatenate(COMM.allgather(mesh.original_cell_ids.numpy()))] = np.concatenate(
+        COMM.allgather(kappa.numpy()))
+    ref = np.concatenate(COMM.allgather(torch.exp(res["theta"]).numpy()))   # the file's cells: rank after rank
+    assert np.array_equal(got, ref)
+    # the data by file node id, and the misfit of a theta given by file cell id, at one rank and at this run's
+    xdmf = msh[:-len(".msh")] + ".xdmf"
+    one = inv.ConductivityProblem(noise=prob.sigma, comm=MPI.COMM_SELF, mesh_file=xdmf)
+    for p in (prob, one):
+        p.file_ids = p.mesh.original_ids[p.mesh.owned_mask()].numpy()
+    d_ref = np.empty((one.file_ids.size, 2))
+    d_ref[one.file_ids] = one.data.numpy()
+    np.testing.assert_allclose(prob.data.numpy(), d_ref[prob.file_ids], rtol=0, atol=1e-9)
+
+    def theta(p):
+        return 0.4 * torch.sin(p.mesh.original_cell_ids.to(torch.float64))
+    assert abs(float(prob.misfit(theta(prob))) - float(one.misfit(theta(one)))) < 1e-8 * float(one.misfit(theta(one)))
+
+
+def cantilever_msh(d):
+    """A gmsh file written by rank 0: the [0, 3] x [0, 1] plate in 12 x 4 quads, its left edge
+    tagged 1 (clamped), the lower half of its right edge tagged 2 (loaded)."""
+    path = os.path.join(d, "cantilever.msh")
+    if COMM.rank == 0:
+        meshio = pytest.importorskip("meshio")
+        box = box_mesh((12, 4), upper=(3.0, 1.0), cell="quad", comm=MPI.COMM_SELF)
+        xy = box.node_coords.numpy()
+
+        def edge(sel):
+            ids = np.flatnonzero(sel)
+            ids = ids[np.argsort(xy[ids, 1])]
+            return np.stack([ids[:-1], ids[1:]], axis=1)
+        left, right = edge(np.isclose(xy[:, 0], 0.0)), edge(np.isclose(xy[:, 0], 3.0) & (xy[:, 1] < 0.51))
+        lines = np.concatenate([left, right])
+        tags = [np.r_[np.ones(len(left), int), np.full(len(right), 2)], np.full(box.n_global_cells, 3)]
+        meshio.write(path, meshio.Mesh(np.c_[xy, np.zeros(len(xy))], [("line", lines), ("quad", box.cells.numpy())],
+                                       cell_data={"gmsh:physical": tags, "gmsh:geometrical": tags}),
+                     file_format="gmsh22", binary=False)
+    COMM.Barrier()
+    return path
+
+
+def test_topology_example_on_a_mesh_file(shared_tmp):
+    """--mesh FILE with tagged facets (a gmsh .msh written here): the compliance falls, the volume
+    meets volfrac, the history is the one-rank run's (to the solver tolerance), the design goes to
+    --output, and the gradient through the Helmholtz filter matches central differences."""
+    from slasolve.fem import read_cell_data, read_mesh
+    msh = cantilever_msh(shared_tmp)
+    out = os.path.join(shared_tmp, "design.xdmf")
+    argv = ["--iters", "5", "--quiet", "--rtol", "1e-12"]
+    res = topo.main(["--mesh", msh, "--output", out] + argv, comm=COMM)
+    h, prob = res["history"], res["problem"]
+    assert len(h) == 5 and h[-1] < 0.8 * h[0], h
+    assert abs(prob.volume(res["xphys"]) / prob.total_volume - 0.5) < 1e-2
+    assert abs(prob.total_volume - 3.0) < 1e-12
+    xdmf = msh[:-len(".msh")] + ".xdmf"
+    one = COMM.bcast(topo.main(["--mesh", xdmf] + argv, comm=MPI.COMM_SELF)["history"] if COMM.rank == 0
+                     else None, root=0)
+    np.testing.assert_allclose(h, one, rtol=1e-7)
+    mesh = read_mesh(out, comm=COMM)
+    dens = read_cell_data(out, mesh, "density")
+    assert np.array_equal(np.sort(gather(dens)), np.sort(gather(res["xphys"])))
+    # d compliance / dx in a direction, against central differences
+    x = 0.5 + 0.3 * torch.sin(prob.mesh.original_cell_ids.to(torch.float64))
+    d = torch.cos(3.0 * prob.mesh.original_cell_ids.to(torch.float64))
+    xr = x.clone().requires_grad_(True)
+    prob.compliance(xr).backward()
+    g = float(slasolve.global_sum((xr.grad * d).sum(), COMM))
+    eps = 1e-5
+    with torch.no_grad():
+        fd = (float(prob.compliance(x + eps * d)) - float(prob.compliance(x - eps * d))) / (2 * eps)
+    assert abs(g - fd) <= 1e-5 * abs(fd), (g, fd)
+
+
 # ----------------------------------------------------------------------------- hyperelastic inverse
 hyper = load_example("hyperelastic_inverse")
 
@@ -298,3 +426,37 @@ def test_hyperelastic_inverse_gradient_matches_finite_differences():
         fd = (prob.misfit((theta + h * v)[s:e]) - prob.misfit((theta - h * v)[s:e])) / (2 * h)
     ad = float(theta.grad @ v)
     assert abs(ad - float(fd)) <= 1e-5 * abs(float(fd)), (ad, float(fd))
+
+
+def test_hyperelastic_inverse_on_a_mesh_file(shared_tmp):
+    """--mesh FILE with tagged clamp / load facets (the gmsh cantilever written here): the
+    objective falls, mu gets closer to the truth, the data and the misfit do not depend on the
+    rank count, and --output .xdmf holds the recovered mu."""
+    from slasolve.fem import read_cell_data, read_mesh
+    msh = cantilever_msh(shared_tmp)
+    out = os.path.join(shared_tmp, "mu.xdmf")
+    res = hyper.main(["--mesh", msh, "--iters", "1", "--quiet", "--output", out], comm=COMM)
+    h, prob = res["history"], res["problem"]
+    assert prob.n_cells == 48 and len(h) == 2 and h[-1] < 0.5 * h[0], h
+    init_rel, _ = prob.scores(torch.full_like(res["theta"], float(hyper.theta_of(torch.tensor(1.0)))))
+    assert res["rel_error"] < init_rel
+    mu = read_cell_data(out, read_mesh(out, comm=COMM), "mu")
+    assert np.array_equal(gather(mu), gather(hyper.mu_of(res["theta"])))   # the file's cells: rank after rank
+    xdmf = msh[:-len(".msh")] + ".xdmf"
+    def theta(p):
+        return 0.3 * torch.sin(p.mesh.original_cell_ids.to(torch.float64))
+
+    def file_dofs(p):
+        return (p.mesh.original_ids[p.mesh.owned_mask()].numpy()[:, None] * 2 + np.arange(2)).reshape(-1)
+    ref = None
+    if COMM.rank == 0:     # the one-rank run, once
+        one = hyper.HyperelasticProblem(noise=0.002, comm=MPI.COMM_SELF, mesh_file=xdmf)
+        data = np.empty((2, file_dofs(one).size))
+        data[:, file_dofs(one)] = np.stack([d.numpy() for d in one.data])
+        ref = (one.sigma, data, float(one.misfit(theta(one))))
+    sigma, data, m2 = COMM.bcast(ref, root=0)
+    assert abs(sigma - prob.sigma) <= 1e-9 * sigma
+    for k in range(2):
+        assert np.abs(prob.data[k].numpy() - data[k, file_dofs(prob)]).max() <= 1e-6 * sigma
+    m1 = float(prob.misfit(theta(prob)))
+    assert abs(m1 - m2) < 1e-6 * m2

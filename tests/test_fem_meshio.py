@@ -19,7 +19,8 @@ meshio = pytest.importorskip("meshio")
 
 import slasolve  # noqa: E402
 from slasolve.fem import (Assembler, box_mesh, element_volume, mass, partition_quality,  # noqa: E402
-                          read_cell_data, read_mesh, read_point_data, stiffness, write_xdmf, xdmf_steps)
+                          read_cell_data, read_matrix, read_mesh, read_point_data, stiffness, write_xdmf,
+                          xdmf_steps)
 from slasolve.fem.xdmf import convert_mesh  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -282,6 +283,164 @@ def test_restart_on_any_rank_count(shared_dir):
             if m == n:   # reloaded on as many ranks: the very same partition and numbering
                 assert np.array_equal(mesh.original_ids.numpy(), mesh.node_ids.numpy())
             sub.Free()
+
+
+def block_matrix(mesh, kappa):
+    """A 2x2-block (BSR) matrix assembled on the mesh: kron(K(kappa) + M, B), B SPD."""
+    x = mesh.local_cell_coords()
+    Ke = stiffness(x, 1.0, mesh.cell_type) * kappa.reshape(-1, 1, 1) + mass(x, 1.0, mesh.cell_type)
+    B = torch.tensor([[2.0, 0.5], [0.5, 1.0]], dtype=torch.float64)
+    return Assembler(mesh, block_size=2).assemble_matrix(torch.stack([torch.kron(k, B) for k in Ke]))
+
+
+def file_id_map(mesh):
+    """{global id: file point id} of every node (the test's meshes are small)."""
+    own = mesh.owned_mask().numpy()
+    g = np.concatenate(mesh.comm.allgather(mesh.node_ids.numpy()[own]))
+    f = np.concatenate(mesh.comm.allgather(mesh.original_ids.numpy()[own]))
+    out = np.empty(g.size, dtype=np.int64)
+    out[g] = f
+    return out
+
+
+def triplets(A, to_file=None):
+    """Every rank's (row, col, values) of A gathered, in file ids when to_file is given, sorted."""
+    indptr, cols, vals = (t.detach().numpy() for t in A.local_rows_csr())
+    s = A.spec.offsets[0][A.comm.rank]
+    rows = s + np.repeat(np.arange(indptr.size - 1), np.diff(indptr))
+    rows, cols = np.concatenate(A.comm.allgather(rows)), np.concatenate(A.comm.allgather(cols))
+    vals = np.concatenate(A.comm.allgather(vals))
+    if to_file is not None:
+        rows, cols = to_file[rows], to_file[cols]
+    order = np.lexsort((cols, rows))
+    return rows[order], cols[order], vals[order]
+
+
+@pytest.mark.petsc   # spsolve on more than one rank needs MUMPS
+def test_restart_matrix_on_any_rank_count(shared_dir):
+    """DSparseTensors assembled on N ranks (a scalar matrix and a 2x2-block one), saved with
+    the mesh and loaded on M ranks, for every N, M up to this run's size: the loaded values are
+    the saved ones bit for bit, the pattern and layout are those of the matrix reassembled on
+    the reloaded mesh (values equal to rounding; bit for bit when M == N), and a solve with the
+    loaded matrix gives the solution of the run that saved it."""
+    path = converted(shared_dir, 2)
+    size = COMM.size
+    saved = {}
+    for n in range(1, size + 1):
+        sub = COMM.Split(0 if COMM.rank < n else MPI.UNDEFINED, COMM.rank)
+        if sub != MPI.COMM_NULL:
+            mesh = read_mesh(path, comm=sub)
+            kappa = 1.0 + mesh.cell_tags.to(torch.float64) + mesh.local_cell_coords().mean(1)[:, 0]
+            V = Assembler(mesh)
+            A, B = system_matrix(mesh, V, kappa), block_matrix(mesh, kappa)
+            x = slasolve.spsolve(A, V.load(1.0))
+            ck = os.path.join(shared_dir, f"matrix_{n}.xdmf")
+            write_xdmf(ck, mesh, cell_data={"kappa": kappa}, matrices={"A": A, "B": B})
+            # the file's node ids are this mesh's global ids
+            saved[n] = (triplets(A), triplets(B), gathered_by_file_id(mesh, x.numpy(), mesh.owned_range[0]
+                                                                      + np.arange(mesh.n_owned)))
+            sub.Free()
+    saved = COMM.bcast(saved, root=0)
+    for n in range(1, size + 1):
+        ck = os.path.join(shared_dir, f"matrix_{n}.xdmf")
+        for m in range(1, size + 1):
+            sub = COMM.Split(0 if COMM.rank < m else MPI.UNDEFINED, COMM.rank)
+            if sub == MPI.COMM_NULL:
+                continue
+            mesh = read_mesh(ck, comm=sub)
+            A, B = read_matrix(ck, mesh, "A"), read_matrix(ck, mesh, "B")
+            kappa = read_cell_data(ck, mesh, "kappa")
+            V = Assembler(mesh)
+            A_re, B_re = system_matrix(mesh, V, kappa), block_matrix(mesh, kappa)
+            to_file = file_id_map(mesh)
+            for loaded, again, ref in ((A, A_re, saved[n][0]), (B, B_re, saved[n][1])):
+                got = triplets(loaded, to_file)
+                for a, b in zip(got, ref):
+                    assert np.array_equal(a, b), (n, m)                              # bit for bit
+                assert loaded.global_shape == again.global_shape
+                assert loaded.spec.offsets == again.spec.offsets
+                assert torch.equal(loaded.local.indptr, again.local.indptr)        # the same pattern
+                assert torch.equal(loaded.local.indices, again.local.indices)
+                dv = (loaded.local.values - again.local.values).abs().max()
+                assert float(dv) <= 1e-14 * float(again.local.values.abs().max()), (n, m)
+                if m == n:
+                    assert torch.equal(loaded.local.values, again.local.values)
+            b = V.load(1.0)
+            x, x_re = slasolve.spsolve(A, b), slasolve.spsolve(A_re, b)
+            scale = float(np.abs(saved[n][2][~np.isnan(saved[n][2])]).max())
+            ids = mesh.original_ids.numpy()[mesh.owned_mask().numpy()]
+            assert float((x - x_re).abs().max()) <= 1e-13 * scale
+            assert np.abs(x.numpy() - saved[n][2][ids]).max() <= 1e-13 * scale, (n, m)
+            sub.Free()
+
+
+def test_matrix_checkpoint_errors_on_every_rank(shared_dir):
+    mesh = box_mesh((3, 2 * COMM.size), cell="quad", comm=COMM)
+    V = Assembler(mesh)
+    A = V.assemble_matrix(mass(mesh.local_cell_coords(), 1.0, "quad"))
+    target = os.path.join(shared_dir, "m.xdmf")
+    write_xdmf(target, mesh, matrices={"M": A})
+    with pytest.raises(ValueError, match="mesh.original_ids is None"):
+        read_matrix(target, mesh, "M")
+    again = read_mesh(target, comm=COMM)
+    with pytest.raises(ValueError, match=r"m\.xdmf.*no such matrix.*\['M'\]"):
+        read_matrix(target, again, "K")
+    other = box_mesh((4, 2 * COMM.size), cell="quad", comm=COMM)
+    with pytest.raises(ValueError, match="node-by-node"):
+        write_xdmf(os.path.join(shared_dir, "bad.xdmf"), other, matrices={"M": A})
+    with pytest.raises(ValueError, match="append"):
+        write_xdmf(target, mesh, time=1.0, append=True, matrices={"M": A})
+    assert not os.path.exists(os.path.join(shared_dir, "bad.xdmf"))
+    assert torch.equal(read_matrix(target, again, "M").local.values, A.local.values)
+
+
+@pytest.mark.timeout(120, method="thread")
+@pytest.mark.parametrize("mpiio", [True, False])
+@pytest.mark.parametrize("where", ["create-first", "create-last", "write-last", "write-first"])
+def test_failure_mid_write_raises_on_every_rank(shared_dir, monkeypatch, where, mpiio):
+    """One rank failing inside the HDF5 write (creating a dataset, or writing its rows through
+    MPI-IO or, with a serial h5py, in turn) raises OSError naming the file on every rank (no
+    rank left waiting in a collective HDF5 call) and leaves the previous file set as it was."""
+    d = os.path.join(shared_dir, "midwrite")
+    if COMM.rank == 0:
+        os.makedirs(d)
+    COMM.Barrier()
+    mesh = box_mesh((3, 2 * COMM.size), cell="quad", comm=COMM)
+    u = mesh.owned_node_coords()[:, 0]
+    target = os.path.join(d, "out.xdmf")
+    write_xdmf(target, mesh, point_data={"u": u})
+    COMM.Barrier()
+    before = {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
+    what, rank = where.split("-")
+    if not mpiio:     # pip's serial h5py: the ranks write in turn
+        from slasolve.fem import xdmf as xdmf_mod
+        monkeypatch.setattr(xdmf_mod, "_mpi_hdf5", lambda h5py: False)
+    if COMM.rank == (0 if rank == "first" else COMM.size - 1):
+        if what == "create":
+            real = h5py.Group.create_dataset
+            calls = []
+
+            def create_dataset(self, *args, **kwargs):
+                calls.append(1)
+                if len(calls) == 3:
+                    raise OSError(5, "Input/output error (simulated)")
+                return real(self, *args, **kwargs)
+            monkeypatch.setattr(h5py.Group, "create_dataset", create_dataset)
+        else:
+            def setitem(self, *args):
+                raise OSError(5, "Input/output error (simulated)")
+            monkeypatch.setattr(h5py.Dataset, "__setitem__", setitem)
+    # on more than one rank only rank 0 creates datasets (MPI-IO and serial HDF5 alike)
+    expect_failure = not (what == "create" and rank == "last" and COMM.size > 1)
+    if expect_failure:
+        with pytest.raises(OSError, match=r"out\.h5.*Input/output error"):
+            write_xdmf(target, mesh, point_data={"u": u + 1}, cell_data={"c": torch.ones(mesh.n_local_cells)})
+        COMM.Barrier()
+        assert {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))} == before
+    else:
+        write_xdmf(target, mesh, point_data={"u": u + 1}, cell_data={"c": torch.ones(mesh.n_local_cells)})
+        monkeypatch.undo()
+        assert torch.equal(read_point_data(target, read_mesh(target, comm=COMM), "u"), u + 1)
 
 
 # --------------------------------------------------------------------------- bad input

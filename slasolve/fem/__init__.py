@@ -14,11 +14,12 @@
   :func:`boundary_nodes` (local).
 * :mod:`slasolve.fem.xdmf` -- XDMF + HDF5 in parallel: :func:`write_xdmf` (mesh, tags,
   fields, time series; every rank writes its share), the sliced reader behind
-  :func:`read_mesh` for ``.xdmf``, :func:`read_point_data` / :func:`read_cell_data`
-  (restart on any number of ranks), :func:`convert_mesh` (gmsh ``.msh`` and other
+  :func:`read_mesh` for ``.xdmf``, :func:`read_point_data` / :func:`read_cell_data` /
+  :func:`read_matrix` (restart on any number of ranks), :func:`convert_mesh` (gmsh ``.msh`` and other
   meshio formats to XDMF, once).
 * :mod:`slasolve.fem.distribute` -- parallel dual graph, partition (PT-Scotch, METIS,
-  block) and redistribution of a mesh read in slices; :func:`partition_quality`.
+  block) and redistribution of a mesh read in slices; :func:`partition_quality`, :func:`dual_graph`,
+  :func:`dual_graph_laplacian`.
 * :mod:`slasolve.fem.assembly` -- :class:`Assembler` (alias :class:`FunctionSpace`;
   collective): precomputed distributed pattern, vectorised differentiable
   assembly of stiffness / mass / elasticity matrices and load vectors.
@@ -48,7 +49,7 @@ from .hyperelastic import NeoHookean  # noqa: E402
 __all__ += ["BoundaryFacets", "boundary_facets", "neumann_load", "NonlinearProblem", "NonlinearDiffusion",
             "NeoHookean"]
 from .mesh import FacetTags  # noqa: E402
-from .distribute import partition_quality  # noqa: E402
-from .xdmf import convert_mesh, read_cell_data, read_point_data, write_xdmf, xdmf_steps  # noqa: E402
-__all__ += ["tagged_facets", "tagged_nodes", "FacetTags", "partition_quality", "write_xdmf", "read_point_data", "read_cell_data", "xdmf_steps",
+from .distribute import dual_graph, dual_graph_laplacian, partition_quality  # noqa: E402
+from .xdmf import convert_mesh, read_cell_data, read_matrix, read_point_data, write_xdmf, xdmf_steps  # noqa: E402
+__all__ += ["tagged_facets", "tagged_nodes", "FacetTags", "partition_quality", "dual_graph", "dual_graph_laplacian", "write_xdmf", "read_point_data", "read_cell_data", "read_matrix", "xdmf_steps",
             "convert_mesh"]

@@ -33,7 +33,8 @@ from ..partition import PartitionQuality
 from .cells import CELL_DIM, CELL_FACETS, CELL_VERTICES, ORIENTATION_FLIP, signed_measure
 from .mesh import FacetTags, Mesh
 
-__all__ = ["distribute_cells", "fetch_rows", "partition_quality", "PARALLEL_PARTITIONERS"]
+__all__ = ["distribute_cells", "fetch_rows", "partition_quality", "dual_graph", "dual_graph_laplacian",
+           "PARALLEL_PARTITIONERS"]
 
 PARALLEL_PARTITIONERS = ("ptscotch", "metis", "block")
 
@@ -442,6 +443,49 @@ def distribute_cells(comm: Optional[MPI.Comm], cell_type: str, cells: np.ndarray
 
 
 # --------------------------------------------------------------------------- quality
+def dual_graph(mesh: Mesh) -> Tuple[np.ndarray, np.ndarray]:
+    """Collective. The dual graph of a distributed mesh: cells sharing a facet.
+
+    Cells are numbered rank after rank (``offsets[r] + local index``, the numbering of
+    ``Assembler.cell_range``). Returns ``(indptr, cols)``: CSR rows of this
+    rank's cells, ``cols`` the global ids of the cells across their facets (any rank; in
+    facet order). Built by the facet referees of :func:`distribute_cells` (one exchange
+    there and back): works on any mesh, not only on boxes.
+    """
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a Mesh, got {type(mesh).__name__}")
+    comm = mesh.comm
+    n = mesh.n_local_cells
+    offsets = np.concatenate([[0], np.cumsum(comm.allgather(n))]).astype(np.int64)
+    ids = offsets[comm.Get_rank()] + np.arange(n, dtype=np.int64)
+    f = _match_facets(comm, mesh.cells.numpy(), ids, mesh.cell_type, mesh.n_global_nodes, None, offsets,
+                      "dual_graph")
+    return _local_graph(ids, f.neighbours)
+
+
+def dual_graph_laplacian(mesh: Mesh, dtype: torch.dtype = torch.float64):
+    """Collective. The graph Laplacian ``L = D - W`` of the dual graph (:func:`dual_graph`):
+    ``W_ef = 1`` for cells sharing a facet, a row-sharded ``DSparseTensor`` over the cells
+    numbered rank after rank (rows: this rank's cells). ``theta @ (L @ theta)`` (summed over
+    ranks) is ``sum over neighbour pairs (theta_e - theta_f)^2``: the smoothness regulariser
+    of a per-cell parameter on any mesh (on a box mesh it equals
+    :func:`slasolve.fem.cell_laplacian`)."""
+    from ..dsparse import DSparseTensor
+
+    indptr, nbr = dual_graph(mesh)
+    comm, n = mesh.comm, mesh.n_local_cells
+    start = int(comm.exscan(n) or 0) if comm.Get_size() > 1 else 0
+    deg = np.diff(indptr)
+    rows = np.concatenate([np.repeat(np.arange(n), deg), np.arange(n)])
+    cols = np.concatenate([nbr, start + np.arange(n)])
+    vals = np.concatenate([-np.ones(nbr.size), deg.astype(np.float64)])
+    order = np.lexsort((cols, rows))
+    ip = np.concatenate([[0], np.cumsum(deg + 1)]).astype(np.int64)
+    n_global = int(comm.allreduce(n)) if comm.Get_size() > 1 else n
+    return DSparseTensor.from_local_rows(ip, cols[order], torch.from_numpy(vals[order]).to(dtype),
+                                         (n_global, n_global), comm)
+
+
 def partition_quality(mesh: Mesh) -> PartitionQuality:
     """Collective. Quality of the cell partition of ``mesh``: its dual graph (cells sharing a
     facet) cut by the ranks.

@@ -6,7 +6,9 @@ File layout (what :func:`write_xdmf` writes; ParaView and DOLFINx open it):
   ``(n_nodes, dim)`` float64, ``/Mesh/cell_tags`` ``(n_cells,)`` int32 (when the mesh has
   cell tags), ``/Mesh/facet_topology`` + ``/Mesh/facet_values`` (facet tags),
   ``/PointData/<name>`` and ``/CellData/<name>`` (fields without a time),
-  ``/Function/<name>/<k>`` (the ``k``-th time step of a time series), and
+  ``/Function/<name>/<k>`` (the ``k``-th time step of a time series),
+  ``/Matrix/<name>/{row,col,value}`` (assembled matrices: triplets in the file's node
+  numbering, see :func:`read_matrix`), and
   ``/Partition/cell_offsets``, ``/Partition/node_offsets`` (the writer's layout, so that a
   reload on as many ranks rebuilds the same partition and numbering);
 * ``<stem>.xdmf``: the XDMF 3 index: a ``Uniform`` grid ``mesh`` (``Topology``,
@@ -17,7 +19,9 @@ File layout (what :func:`write_xdmf` writes; ParaView and DOLFINx open it):
 Rank ``r`` writes the rows of its owned nodes (``owned_range``: the file's node ids are
 the mesh's global ids) and of its cells (rank after rank), so the write needs no
 communication but offsets. With h5py built with MPI (Debian's ``python3-h5py-mpi``)
-under more than one rank, the file is written collectively through MPI-IO; with a
+under more than one rank, rank 0 creates the datasets (allocated), then every rank writes
+its rows through MPI-IO (independent writes: a rank failing there leaves no one waiting in
+a collective HDF5 call); with a
 serial h5py (pip's wheel) the ranks write their rows in turn (same file, one rank at a
 time; no rank holds more than its share). Without h5py, every function raises
 ``ImportError`` on every rank.
@@ -32,7 +36,7 @@ from __future__ import annotations
 import json
 import os
 import xml.etree.ElementTree as ET
-from typing import Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -42,7 +46,11 @@ from .._comm import check_collective, get_comm, settings_digest
 from .cells import CELL_DIM, CELL_FACETS, CELL_VERTICES
 from .mesh import Mesh, _balanced_split, _np, register_mesh_reader
 
-__all__ = ["write_xdmf", "read_xdmf_mesh", "read_point_data", "read_cell_data", "xdmf_steps", "convert_mesh"]
+if TYPE_CHECKING:
+    from ..dsparse import DSparseTensor
+
+__all__ = ["write_xdmf", "read_xdmf_mesh", "read_point_data", "read_cell_data", "read_matrix", "xdmf_steps",
+           "convert_mesh"]
 
 _XDMF_CELL = {"triangle": "Triangle", "quad": "Quadrilateral", "tetra": "Tetrahedron", "hexahedron": "Hexahedron"}
 _XDMF_FACET = {"triangle": "PolyLine", "quad": "PolyLine", "tetra": "Triangle", "hexahedron": "Quadrilateral"}
@@ -82,17 +90,26 @@ class _Plan:
         return [(n, s, str(d)) for n, s, d, _, _ in self.items]
 
 
-def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[str, str]) -> None:
+def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[str, str],
+             target: Optional[str] = None) -> None:
     """Collective. Create the plan's datasets in ``h5file`` (replacing ones of the same name)
-    and write every rank's rows; raise on every rank on any failure."""
+    and write every rank's rows; raise ``OSError`` naming ``target`` (default ``h5file``: the
+    file the user asked for, when ``h5file`` is a temporary) on every rank on any failure."""
     h5py = _h5py()
+    label = f"{target or h5file!r}" + ("" if target in (None, h5file) else f" (through {h5file!r})")
     size, rank = comm.Get_size(), comm.Get_rank()
 
-    def create(f):
+    def create(f, early=False):
         for name, shape, dtype, _, _ in plan.items:
             if name in f:
                 del f[name]
-            f.create_dataset(name, shape=shape, dtype=dtype)
+            if early:
+                dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+                dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+                dcpl.set_fill_time(h5py.h5d.FILL_TIME_NEVER)
+                f.create_dataset(name, shape=shape, dtype=dtype, dcpl=dcpl)
+            else:
+                f.create_dataset(name, shape=shape, dtype=dtype)
         for k, v in attrs.items():
             f.attrs[k] = v
 
@@ -103,12 +120,25 @@ def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[st
 
     err = None
     if size > 1 and _mpi_hdf5(h5py):
+        # Rank 0 creates every dataset (allocated, so nothing changes the file's metadata
+        # afterwards), then all ranks open the file through MPI-IO and write raw rows only.
+        # HDF5 metadata operations are collective: a rank leaving them midway (an error in
+        # one create_dataset) would leave the others waiting in the closing H5Fclose.
+        if rank == 0:
+            try:
+                with h5py.File(h5file, mode) as f:
+                    create(f, early=True)
+            except Exception as e:  # noqa: BLE001 - raised on every rank below
+                err = OSError(f"cannot write {label}: {type(e).__name__}: {e}")
+        check_collective(comm, err)
         try:
-            with h5py.File(h5file, mode, driver="mpio", comm=comm) as f:
-                create(f)
-                fill(f)
-        except Exception as e:  # noqa: BLE001 - raised on every rank below
-            err = OSError(f"cannot write {h5file!r}: {type(e).__name__}: {e}")
+            with h5py.File(h5file, "r+", driver="mpio", comm=comm) as f:
+                try:
+                    fill(f)     # independent writes: a rank failing here leaves no one waiting
+                except Exception as e:  # noqa: BLE001
+                    err = OSError(f"cannot write {label}: {type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001
+            err = err or OSError(f"cannot write {label}: {type(e).__name__}: {e}")
         check_collective(comm, err)
         return
     # serial HDF5: rank 0 creates the datasets, then the ranks write their rows in turn
@@ -119,7 +149,7 @@ def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[st
                 if size == 1:
                     fill(f)
         except Exception as e:  # noqa: BLE001
-            err = OSError(f"cannot write {h5file!r}: {type(e).__name__}: {e}")
+            err = OSError(f"cannot write {label}: {type(e).__name__}: {e}")
     check_collective(comm, err)
     if size == 1:
         return
@@ -129,7 +159,7 @@ def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[st
                 with h5py.File(h5file, "r+") as f:
                     fill(f)
             except Exception as e:  # noqa: BLE001
-                err = OSError(f"cannot write {h5file!r}: {type(e).__name__}: {e}")
+                err = OSError(f"cannot write {label}: {type(e).__name__}: {e}")
         comm.Barrier()
     check_collective(comm, err)
 
@@ -228,7 +258,8 @@ def _field_arrays(mesh: Mesh, data, kind: str) -> Dict[str, np.ndarray]:
 def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
                point_data: Optional[Dict[str, Union[torch.Tensor, np.ndarray]]] = None,
                cell_data: Optional[Dict[str, Union[torch.Tensor, np.ndarray]]] = None,
-               time: Optional[float] = None, append: bool = False) -> str:
+               time: Optional[float] = None, append: bool = False,
+               matrices: Optional[Dict[str, "DSparseTensor"]] = None) -> str:
     """Collective. Write the distributed mesh and fields as XDMF + HDF5, every rank its share.
 
     Parameters
@@ -243,6 +274,13 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
     append : ``False`` (default) writes a new file set (mesh, tags, layout and fields);
         ``True`` adds a time step (``time`` required) to a file set written by
         :func:`write_xdmf` for the same mesh.
+    matrices : name -> a node-by-node :class:`~slasolve.DSparseTensor` assembled on
+        ``mesh`` (``global_shape`` ``(n_nodes, n_nodes)`` or ``(n_nodes, n_nodes, bs, bs)``,
+        owned block rows = ``mesh.owned_range``, e.g. from
+        :meth:`slasolve.fem.Assembler.assemble_matrix`), saved as ``(row, col, value)``
+        triplets in the file's node numbering (``/Matrix/<name>/{row,col,value}``, every
+        rank its owned rows); :func:`read_matrix` loads one on any number of ranks. Only
+        with a new file set (not with ``append``).
 
     Returns
     -------
@@ -269,7 +307,7 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
     size, rank = comm.Get_size(), comm.Get_rank()
     path = os.path.abspath(os.fspath(path))
     h5file = _h5_path(path)
-    err, pdata, cdata = None, {}, {}
+    err, pdata, cdata, mdata = None, {}, {}, {}
     try:
         _h5py()
         if append and time is None:
@@ -278,12 +316,17 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
             raise ValueError(f"time must be finite, got {time!r}")
         pdata = _field_arrays(mesh, point_data, "point_data")
         cdata = _field_arrays(mesh, cell_data, "cell_data")
+        if matrices and append:
+            raise ValueError("matrices are written with the mesh (a new file set), not with append=True")
+        mdata = _matrix_triplets(mesh, matrices)
     except (ValueError, TypeError, ImportError) as e:
         err = e
     tails = {"point": {k: [list(v.shape[1:]), str(v.dtype)] for k, v in pdata.items()},
              "cell": {k: [list(v.shape[1:]), str(v.dtype)] for k, v in cdata.items()}}
+    mtails = {k: [list(shape), str(t[2].dtype)] for k, (shape, t) in mdata.items()} if err is None else None
     check_collective(comm, err, agree={"path": path, "time": None if time is None else float(time),
-                                       "append": bool(append), "fields": tails if err is None else None})
+                                       "append": bool(append), "fields": tails if err is None else None,
+                                       "matrices": mtails})
     cell_off = np.concatenate([[0], np.cumsum(comm.allgather(mesh.n_local_cells))]).astype(np.int64)
     node_off = np.concatenate([[0], np.cumsum(comm.allgather(mesh.n_owned))]).astype(np.int64)
     nc, nn, c0, (s, e) = int(cell_off[-1]), mesh.n_global_nodes, int(cell_off[rank]), mesh.owned_range
@@ -338,7 +381,13 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
         plan.add("/Mesh/facet_topology", (n_ft, verts.shape[1]), verts.astype(np.int64), int(f_off[rank]))
         plan.add("/Mesh/facet_values", (n_ft,), ft.values.numpy().astype(np.int32), int(f_off[rank]))
     reg = {"cell_type": mesh.cell_type, "dim": mesh.dim, "n_cells": nc, "n_nodes": nn, "cell_tags": bool(has_ct),
-           "n_facet_tags": n_ft, "point_data": {}, "cell_data": {}, "steps": []}
+           "n_facet_tags": n_ft, "point_data": {}, "cell_data": {}, "steps": [], "matrices": mtails}
+    for name, (shape, (rows, cols, vals)) in sorted(mdata.items()):
+        nz_off = np.concatenate([[0], np.cumsum(comm.allgather(rows.shape[0]))]).astype(np.int64)
+        nnz, z0 = int(nz_off[-1]), int(nz_off[rank])
+        plan.add(f"/Matrix/{name}/row", (nnz,), rows, z0)
+        plan.add(f"/Matrix/{name}/col", (nnz,), cols, z0)
+        plan.add(f"/Matrix/{name}/value", (nnz, *vals.shape[1:]), vals, z0)
     if time is None:
         add_fields(lambda nm: f"/PointData/{nm}", lambda nm: f"/CellData/{nm}")
         reg["point_data"], reg["cell_data"] = tails["point"], tails["cell"]
@@ -360,7 +409,7 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
     tmpdir = comm.bcast(tmpdir, root=0)
     try:
         tmp_h5 = os.path.join(tmpdir, os.path.basename(h5file))
-        _execute(comm, tmp_h5, "w", plan, {_REGISTRY: json.dumps(reg)})
+        _execute(comm, tmp_h5, "w", plan, {_REGISTRY: json.dumps(reg)}, target=h5file)
         err = None
         if rank == 0:
             try:
@@ -724,6 +773,116 @@ def _mesh_ids(mesh: Mesh, attr: str) -> np.ndarray:
         f"mesh.{attr} is None: read the mesh from the XDMF file first (slasolve.fem.read_mesh)")
     check_collective(mesh.comm, err)
     return ids.numpy()
+
+
+# --------------------------------------------------------------------------- matrices
+def _matrix_triplets(mesh: Mesh, matrices) -> Dict[str, tuple]:
+    """Local. name -> (global shape, (rows, cols, values)) of the owned rows of each matrix,
+    validated against the mesh (node-by-node, owned block rows = the owned nodes)."""
+    from ..dsparse import DSparseTensor
+
+    out = {}
+    nn, (s, e) = mesh.n_global_nodes, mesh.owned_range
+    for name, A in (matrices or {}).items():
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"matrix names must be non-empty strings without '/', got {name!r}")
+        if not isinstance(A, DSparseTensor) or not A.is_row_shard:
+            raise TypeError(f"matrices[{name!r}] must be a row-sharded DSparseTensor, got {type(A).__name__}")
+        if A.comm.Get_size() != mesh.comm.Get_size():
+            raise ValueError(f"matrices[{name!r}] lives on {A.comm.Get_size()} ranks, the mesh on "
+                             f"{mesh.comm.Get_size()}")
+        shape, bshape = tuple(A.global_shape), tuple(A.block_shape)
+        if shape[:2] != (nn, nn) or (bshape and (len(bshape) != 2 or bshape[0] != bshape[1])):
+            raise ValueError(f"matrices[{name!r}] must be node-by-node ({nn}, {nn}[, bs, bs]) on this mesh, "
+                             f"got global_shape {shape}")
+        offs = A.spec.offsets[0]
+        rank = mesh.comm.Get_rank()
+        if (int(offs[rank]), int(offs[rank + 1])) != (s, e):
+            raise ValueError(f"matrices[{name!r}] owns block rows [{offs[rank]}, {offs[rank + 1]}), the mesh "
+                             f"owns nodes [{s}, {e}): assemble it on this mesh")
+        indptr, cols, vals = (t.detach().cpu() for t in A.local_rows_csr())
+        rows = s + np.repeat(np.arange(e - s, dtype=np.int64), np.diff(indptr.numpy()))
+        out[name] = (shape, (rows, cols.numpy().astype(np.int64), np.ascontiguousarray(vals.numpy())))
+    return out
+
+
+def _registry(comm: MPI.Comm, h5file: str, what: str) -> dict:
+    """Collective. The registry :func:`write_xdmf` keeps in ``h5file``, on every rank."""
+    reg, err = None, None
+    if comm.Get_rank() == 0:
+        try:
+            with _h5py().File(h5file, "r") as f:
+                reg = json.loads(f.attrs[_REGISTRY])
+        except (OSError, KeyError, ValueError) as e:
+            err = ValueError(f"{what}: {h5file!r} is not a file set written by write_xdmf ({e})")
+    check_collective(comm, err)
+    return comm.bcast(reg, root=0) if comm.Get_size() > 1 else reg
+
+
+def read_matrix(path: Union[str, os.PathLike], mesh: Mesh, name: str) -> "DSparseTensor":
+    """Collective. A matrix saved by ``write_xdmf(..., matrices={name: A})``, on ``mesh``.
+
+    ``mesh`` must have been read from the same file (by :func:`slasolve.fem.read_mesh`, on
+    any number of ranks). Returns a row-sharded :class:`~slasolve.DSparseTensor` whose block
+    rows and columns are ``mesh``'s global node ids, each rank owning the rows of its owned
+    nodes (the layout :meth:`slasolve.fem.Assembler.assemble_matrix` gives on ``mesh``),
+    with the saved values bit for bit.
+
+    Each rank reads one contiguous slice of the triplets; the file's node ids are mapped to
+    the mesh's through a directory distributed in slices (``original_ids`` of the owned
+    nodes sent to the slice that holds them), and every triplet travels to the owner of its
+    row: three exchanges, no rank holds a global-size array.
+    """
+    from ..dsparse import DSparseTensor
+    from .distribute import _Exchange, fetch_rows
+
+    ids = _mesh_ids(mesh, "original_ids")
+    comm = mesh.comm
+    size, rank = comm.Get_size(), comm.Get_rank()
+    idx = _open_index(comm, path)
+    what = f"read matrix {name!r} from {os.fspath(path)!r}"
+    h5file = idx.topology[0]
+    reg = _registry(comm, h5file, what)
+    info = (reg.get("matrices") or {}).get(name)
+    err = None
+    if info is None:
+        err = ValueError(f"{what}: no such matrix (saved: {sorted(reg.get('matrices') or {})})")
+    elif reg["n_nodes"] != mesh.n_global_nodes or reg["n_cells"] != mesh.n_global_cells:
+        err = ValueError(f"{what}: the file's mesh ({reg['n_cells']} cells, {reg['n_nodes']} nodes) is not "
+                         f"this mesh ({mesh.n_global_cells}, {mesh.n_global_nodes})")
+    check_collective(comm, err)
+    shape = tuple(int(x) for x in info[0])
+    (nnz,), rows, nz_rows = _read_rows(comm, (h5file, f"/Matrix/{name}/row"), what)
+    _, cols, _ = _read_rows(comm, (h5file, f"/Matrix/{name}/col"), what, n_expect=nnz, rows=nz_rows)
+    vshape, vals, _ = _read_rows(comm, (h5file, f"/Matrix/{name}/value"), what, n_expect=nnz, rows=nz_rows)
+    nn = mesh.n_global_nodes
+    err = None
+    if vshape[1:] != shape[2:]:
+        err = ValueError(f"{what}: values of shape {vshape}, expected blocks {shape[2:]}")
+    elif (rows.size and (rows.min() < 0 or rows.max() >= nn)) or (cols.size and (cols.min() < 0 or
+                                                                            cols.max() >= nn)):
+        err = ValueError(f"{what}: node ids outside 0..{nn - 1}")
+    check_collective(comm, err)
+    # the directory: file node id -> this mesh's global id, in balanced slices
+    d_off = _balanced_split(nn, size).astype(np.int64)
+    own = mesh.owned_mask().numpy()
+    pairs = np.stack([ids[own], mesh.node_ids.numpy()[own]], axis=1).astype(np.int64)
+    ex = _Exchange(comm, pairs, np.searchsorted(d_off, pairs[:, 0], side="right") - 1)
+    directory = np.empty(int(d_off[rank + 1] - d_off[rank]), dtype=np.int64)
+    directory[ex.recv[:, 0] - d_off[rank]] = ex.recv[:, 1]
+    new = fetch_rows(comm, d_off, directory, np.concatenate([rows, cols]).astype(np.int64))
+    new_rows, new_cols = new[:rows.size], new[rows.size:]
+    # every triplet to the owner of its row
+    n_off = np.concatenate([[0], np.cumsum(comm.allgather(mesh.n_owned))]).astype(np.int64)
+    dest = np.searchsorted(n_off, new_rows, side="right") - 1
+    rc = _Exchange(comm, np.stack([new_rows, new_cols], axis=1), dest).recv
+    v = _Exchange(comm, np.asarray(vals), dest).recv
+    s, e = mesh.owned_range
+    order = np.lexsort((rc[:, 1], rc[:, 0]))
+    rc, v = rc[order], v[order]
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rc[:, 0] - s, minlength=e - s))]).astype(np.int64)
+    return DSparseTensor.from_local_rows(indptr, rc[:, 1].copy(), torch.from_numpy(np.ascontiguousarray(v)),
+                                         shape, comm, block_shape=shape[2:])
 
 
 
