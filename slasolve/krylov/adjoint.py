@@ -13,31 +13,40 @@ from ..autograd import AdjointFunction, looks_symmetric, matvec_value_grad
 from .reuse import with_reuse
 from .runs import previous_solution, raise_if_failed, remember_solution, solve_columns
 
-__all__ = ["AdjointSolve", "repeats_forward"]
+__all__ = ["AdjointSolve", "forward_solve", "repeats_forward"]
 
 # solve options that are not keyword arguments of the backends' solve methods
 _NOT_SOLVER_KW = ("raise_on_fail", "pc_fn", "reuse_pc", "warm", "fallback", "limit", "transpose_solver")
 
 
+def forward_solve(b, dA, solver, opts, x0, out) -> tuple:
+    """Collective. The forward solve ``A x = b`` of :func:`slasolve.solve` (reuse rules, warm
+    start, ``out["info"]``, raise on failure); called directly when no gradient is needed.
+    Returns ``(x, the initial guess used)``."""
+    kw = {k: v for k, v in opts.items() if k not in _NOT_SOLVER_KW}
+    if opts["warm"]:
+        x0 = previous_solution(solver, "x", b)
+
+    def run(reuse, s=None, maxiter=None):
+        s = solver if s is None else s
+        k = kw if maxiter is None else dict(kw, maxiter=maxiter)
+        many = getattr(s, "solve_many", None)
+        return solve_columns(lambda bj, x0j: s.solve(dA, bj, x0j, reuse_pc=reuse, **k), b, x0,
+                             None if many is None else lambda B, X0: many(dA, B, X0, reuse_pc=reuse, **k))
+    x, info = with_reuse(solver, run, opts["reuse_pc"], True, opts["limit"], opts.get("fallback"),
+                         (opts["rtol"], opts["atol"]))
+    if opts["warm"]:
+        remember_solution(solver, "x", x)
+    out["info"] = info
+    raise_if_failed(info, opts["raise_on_fail"])
+    return x, x0
+
+
 class AdjointSolve(AdjointFunction):
     @staticmethod
     def forward(ctx, values, b, dA, solver, opts, x0, out):
-        kw = {k: v for k, v in opts.items() if k not in _NOT_SOLVER_KW}
-        if opts["warm"]:
-            x0 = previous_solution(solver, "x", b)
-
-        def run(reuse, s=None, maxiter=None):
-            s = solver if s is None else s
-            k = kw if maxiter is None else dict(kw, maxiter=maxiter)
-            many = getattr(s, "solve_many", None)
-            return solve_columns(lambda bj, x0j: s.solve(dA, bj, x0j, reuse_pc=reuse, **k), b, x0,
-                            None if many is None else lambda B, X0: many(dA, B, X0, reuse_pc=reuse, **k))
-        x, info = with_reuse(solver, run, opts["reuse_pc"], True, opts["limit"], opts.get("fallback"),
-                              (opts["rtol"], opts["atol"]))
-        if opts["warm"]:
-            remember_solution(solver, "x", x)
-        out["info"] = info
-        raise_if_failed(info, opts["raise_on_fail"])
+        x, x0 = forward_solve(b, dA, solver, opts, x0, out)
+        info = out["info"]
         ctx.dA, ctx.solver, ctx.opts, ctx.info = dA, solver, opts, info
         # the system the backward may find it is asked to solve again (decided alike on every rank)
         ctx.forward_system = None

@@ -16,7 +16,7 @@ import torch
 from .. import _log
 from .._comm import check_collective, options_key, user_code
 from ..registry import BACKENDS, KRYLOV_METHODS, default_backend, solve_method, solve_method_names
-from .adjoint import AdjointSolve
+from .adjoint import AdjointSolve, forward_solve
 from .info import SolveInfo
 from .reuse import check_reuse, resolve_reuse
 from ..settings import SettingsSchema
@@ -384,7 +384,10 @@ def solve(A, b: torch.Tensor, method: str = "cg", *, backend: Optional[str] = No
             opts["near_nullspace"] = near_nullspace
         out: dict = {}
         try:
-            x = AdjointSolve.apply(dA.values, b, dA, solver, opts, x0, out)
+            if needs_grad(dA.values) or needs_grad(b):
+                x = AdjointSolve.apply(dA.values, b, dA, solver, opts, x0, out)
+            else:   # no graph to record: the autograd Function's machinery is skipped
+                x, _ = forward_solve(b, dA, solver, opts, x0, out)
         finally:
             if "info" in out:
                 out["info"].times = times    # "total" is added when the block ends
