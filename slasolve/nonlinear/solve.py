@@ -310,6 +310,12 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
              "u0 requires grad": isinstance(u0, torch.Tensor) and u0.requires_grad and torch.is_grad_enabled(),
              "linear_solver": options_key(linear_solver),
              "petsc_options": options_key(petsc_options)}
+    if backend == "petsc" and err is None:
+        try:  # the kept SNES is keyed on them: every rank must read the same
+            from .petsc_snes import database_key
+            agree["options database"] = database_key(options_prefix)
+        except ImportError:   # raised by the solve below, on every rank
+            pass
     check_collective(comm, err, agree=agree)
     rtol, atol = float(rtol), float(atol)
     stol = None if stol is None else float(stol)
