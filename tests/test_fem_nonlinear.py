@@ -314,7 +314,7 @@ def test_fused_assembly_equals_assembler_and_dirichlet_apply(cell, bs, diagonal)
     the elimination folded into the tangent's sums) give the Assembler's fetch_ghosts,
     assemble_vector, assemble_matrix + DirichletBC.apply values, with random element data,
     at any rank count (entries summed on other ranks included)."""
-    n = {"triangle": (3, 5), "quad": (3, 5), "hexahedron": (2, 2, 3)}[cell]
+    n = {"triangle": (3, 5), "quad": (3, 5), "hexahedron": (2, 2, 4)}[cell]
     V = Assembler(box_mesh(n, cell=cell), bs)
     bc = DirichletBC(V, boundary_dofs(V, lambda x: x[:, 0] < EPS), 0.25, diagonal=diagonal)
     if bs == 1:

@@ -284,6 +284,12 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     did not converge, returned with ``raise_on_fail=False``). The adjoint is exactly as right
     as ``jacobian``: give the exact derivative of ``residual`` (an approximate Jacobian still
     lets Newton converge, more slowly, but gives wrong gradients; ``jacobian=None`` does not).
+
+    On the petsc backend with a ``jacobian``, the SNES (its KSP, preconditioner, vectors and
+    Jacobian Mat) is kept on the Jacobian's layout for these settings and the options database
+    entries it reads, and a later call with the same ones reuses it: GAMG then keeps its
+    prolongators from one call's last tangent to the next call's first, as DOLFINx's
+    ``NewtonSolver`` does (a linear solve that fails with them is redone with GAMG rebuilt).
     """
     t0 = time.perf_counter()
     backend = default_backend() if backend is None else backend
