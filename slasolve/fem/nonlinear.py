@@ -165,7 +165,11 @@ class NonlinearProblem:
         xo = u.reshape(-1, sp.bs)
         if self.comm.Get_size() > 1:
             xo = torch.cat([xo, sp.node_plan.forward(xo)])
-        return xo[self._extended()[0]]
+        cells, flat, _ = self._extended()
+        E, nv = cells.shape
+        if sp.bs == 1:   # a 1-D index_select: several times faster than indexing rows
+            return xo.reshape(-1).index_select(0, flat).view(E, nv, 1)
+        return xo.index_select(0, flat).view(E, nv, sp.bs)
 
     def _assemble_cells(self, re: torch.Tensor) -> torch.Tensor:
         """Collective. Sum cell vectors ``(E, nv, bs)`` into the owned dofs (ghost-node sums to
