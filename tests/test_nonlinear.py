@@ -689,3 +689,24 @@ def test_kept_snes_gradients_and_gamg_across_calls(comm):
         fr, finfo = nonlinear_solve(P.residual, u0, f * scale, c, a, **kw)
         assert info.converged and info.iterations == finfo.iterations
         torch.testing.assert_close(u, fr, rtol=1e-9, atol=1e-12)
+
+
+def test_nested_call_on_a_kept_snes(comm):
+    """A nonlinear_solve from inside a callback of another, on the same layout and settings, gets
+    a SNES of its own (the kept one is busy): both answers equal the plain solve's."""
+    P = FD1D(24, comm)
+    f, c, a = _data(P)
+    u0 = torch.zeros_like(P.x)
+    kw = dict(jacobian=P.jacobian, backend="petsc", rtol=1e-10)
+    ref = nonlinear_solve(P.residual, u0, f, c, a, **kw)
+    inner, calls = [], [0]
+
+    def residual(u, *p):
+        calls[0] += 1
+        if calls[0] == 2:   # the first evaluation inside SNES (F(u0) was evaluated before it)
+            inner.append(nonlinear_solve(P.residual, u0, *p, **kw))
+        return P.residual(u, *p)
+    u = nonlinear_solve(residual, u0, f, c, a, **kw)
+    torch.testing.assert_close(inner[0], ref, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(u, ref, rtol=1e-12, atol=1e-14)
+    assert len(inner) == 1 and len(_kept(P)) == 1

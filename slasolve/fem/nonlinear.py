@@ -344,12 +344,6 @@ class NonlinearProblem:
                                      .to(sp.device), perm.to(sp.device))
         return self._scalar_template
 
-    def _scalar(self, K: DSparseTensor) -> DSparseTensor:
-        """Collective (first call builds the layout). The block tangent as a scalar (AIJ)
-        DSparseTensor."""
-        T, perm = self._scalar_layout(K)
-        return T.with_values(K.values.reshape(-1)[perm])
-
     def _u_error(self, u) -> Optional[Exception]:
         """Local. The problem with ``u``, or None."""
         sp = self.space

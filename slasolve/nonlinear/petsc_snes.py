@@ -301,6 +301,8 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
             garbage_cleanup(comm)
             return _Solver(*args)
         solver = J0._layout.cached("nonlinear_solvers", key, build, SNES_CACHE_SIZE)
+        if solver.calls.cb is not None:   # in use: a nested call from inside one of its callbacks
+            cache, solver = None, _Solver(*args)
     cb = _Callbacks(prob, u0.dtype, progress, callback, u0.detach(), r0, J0, solver.csr)
     snes, X = solver.snes, solver.X
     X.setArray(u0.detach().to(torch.float64).cpu().numpy())
