@@ -304,3 +304,41 @@ def test_kept_load_follows_the_data():
         fresh = NonlinearDiffusion(V, bc, source=source, neumann=flux)
         for _ in range(2):
             torch.testing.assert_close(P.residual(u), fresh.residual(u), rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ the fused assembly paths
+@pytest.mark.parametrize("cell,bs", [("triangle", 1), ("quad", 1), ("triangle", 2), ("hexahedron", 3)])
+@pytest.mark.parametrize("diagonal", [1.0, 2.5, "keep"])
+def test_fused_assembly_equals_assembler_and_dirichlet_apply(cell, bs, diagonal):
+    """The problems' own gather / scatter / elimination (one index_add over [owned | ghost] nodes,
+    the elimination folded into the tangent's sums) give the Assembler's fetch_ghosts,
+    assemble_vector, assemble_matrix + DirichletBC.apply values, with random element data,
+    at any rank count (entries summed on other ranks included)."""
+    n = {"triangle": (3, 5), "quad": (3, 5), "hexahedron": (2, 2, 4)}[cell]
+    V = Assembler(box_mesh(n, cell=cell), bs)
+    bc = DirichletBC(V, boundary_dofs(V, lambda x: x[:, 0] < EPS), 0.25, diagonal=diagonal)
+    if bs == 1:
+        P = NonlinearDiffusion(V, bc, source=3.0)
+    else:
+        P = NeoHookean(V, bc, body_force=[0.5] + [0.0] * (V.mesh.dim - 1))
+    g = torch.Generator().manual_seed(5 + COMM.Get_rank())
+    E, nv = V.mesh.n_local_cells, V.nv
+    u = torch.randn(V.n_owned_dofs, generator=g, dtype=torch.float64)
+    cells = P.cell_values(u)
+    ref = V.fetch_ghosts(u).reshape(-1, bs)[V.local_cells]
+    assert torch.equal(cells, ref)
+    re = torch.randn(E, nv * bs, generator=g, dtype=torch.float64)
+    want = torch.where(bc.constrained, u - bc.full(), V.assemble_vector(re) - P.external())
+    torch.testing.assert_close(P._finish_residual(u, re), want, rtol=1e-15, atol=1e-15)
+    Ke = torch.randn(E, nv * bs, nv * bs, generator=g, dtype=torch.float64)
+    K, _ = bc.apply(V.assemble_matrix(Ke))
+    if bs == 1:
+        J = P._finish_jacobian(Ke)
+        torch.testing.assert_close(J.values, K.values, rtol=1e-15, atol=1e-15)
+        assert J._layout is K._layout
+    else:
+        Kb = Ke.reshape(E, nv, bs, nv, bs).permute(2, 4, 0, 1, 3).contiguous()
+        J = P._finish_jacobian(Kb, blocked=True)
+        T, perm = P._scalar_layout(K)
+        torch.testing.assert_close(J.values, K.values.reshape(-1)[perm], rtol=1e-15, atol=1e-15)
+        assert J._layout is T._layout

@@ -585,3 +585,128 @@ def test_gamg_redo_after_a_failed_linear_solve(comm, monkeypatch):
     u, info = nonlinear_solve(P.residual, torch.zeros_like(P.x), f, c, a, jacobian=P.jacobian, backend="petsc",
                               rtol=1e-10, linear_solver={"method": "gmres", "pc": "gamg"}, return_info=True)
     assert info.converged and runs == [{}]
+
+
+def _kept(P):
+    """The SNES solvers kept on the problem's Jacobian layout."""
+    return P.J0._layout.cache("nonlinear_solvers")
+
+
+def test_kept_snes_honours_every_setting_and_value(comm):
+    """With a Jacobian the SNES is kept per layout and settings: a repeated call reuses it and
+    gives the same answer; new parameter values (also changed in place), settings and options
+    database entries are honoured, each answer equal to a fresh SNES's; the kept SNES holds
+    nothing of a finished call; a callback error drops it."""
+    from slasolve.petsc import PETSc
+    P = FD1D(24, comm)
+    f, c, a = _data(P)
+    u0 = torch.zeros_like(P.x)
+    kw = dict(jacobian=P.jacobian, backend="petsc", rtol=1e-10, return_info=True)
+
+    def fresh(*params, **extra):
+        _kept(P).clear()
+        return nonlinear_solve(P.residual, u0, *params, **kw, **extra)
+
+    ref, rinfo = fresh(f, c, a)
+    assert len(_kept(P)) == 1
+    (solver,) = _kept(P).values()
+    assert solver.calls.cb is None    # nothing of the finished call (problem, params) is kept
+    u, info = nonlinear_solve(P.residual, u0, f, c, a, **kw)
+    assert len(_kept(P)) == 1 and next(iter(_kept(P).values())) is solver
+    assert torch.equal(u, ref) and info.residual_history == rinfo.residual_history
+    # new values: a new parameter, then one changed in place
+    a2 = torch.tensor(3.0, dtype=F64)
+    u, info = nonlinear_solve(P.residual, u0, f, c, a2, **kw)
+    fr, finfo = fresh(f, c, a2)
+    assert info.iterations == finfo.iterations
+    torch.testing.assert_close(u, fr, rtol=1e-12, atol=1e-14)
+    assert not torch.allclose(u, ref)
+    f2 = f.clone()
+    nonlinear_solve(P.residual, u0, f2, c, a, **kw)
+    f2.mul_(0.5)
+    u, info = nonlinear_solve(P.residual, u0, f2, c, a, **kw)
+    fr, finfo = fresh(f * 0.5, c, a)
+    assert info.iterations == finfo.iterations
+    torch.testing.assert_close(u, fr, rtol=1e-12, atol=1e-14)
+    # other settings: their own SNES, each configured as asked
+    fresh(f, c, a)
+    _, i1 = nonlinear_solve(P.residual, u0, f, c, a, **{**kw, "rtol": 1e-3})
+    _, i2 = nonlinear_solve(P.residual, u0, f, c, a, **kw, linear_solver={"method": "bicgstab", "pc": "jacobi"})
+    _, i3 = nonlinear_solve(P.residual, u0, f, c, a, **kw, maxiter=1, raise_on_fail=False)
+    _, i4 = nonlinear_solve(P.residual, u0, f, c, a, **kw, petsc_options={"snes_linesearch_type": "basic"})
+    assert len(_kept(P)) == 4    # SNES_CACHE_SIZE: the least recently used (rtol=1e-10) dropped
+    assert i1.rtol == 1e-3 and i1.iterations < rinfo.iterations
+    assert i2.linear_method == "bicgstab" and i2.pc == "jacobi" and i2.converged
+    assert i3.reason == "DIVERGED_MAX_IT" and i3.iterations == 1
+    assert i4.line_search == "basic" and i4.converged
+    # an options database entry set, then removed, between calls with the same arguments
+    PETSc.Options().setValue("snes_max_it", 2)
+    try:
+        _, i5 = nonlinear_solve(P.residual, u0, f, c, a, **kw, raise_on_fail=False)
+    finally:
+        PETSc.Options().delValue("snes_max_it")
+    assert i5.reason == "DIVERGED_MAX_IT" and i5.iterations == 2
+    u, info = nonlinear_solve(P.residual, u0, f, c, a, **kw)
+    assert info.converged and info.iterations == rinfo.iterations
+    torch.testing.assert_close(u, ref, rtol=1e-12, atol=1e-14)
+    # an error raised inside a callback (on every rank) drops the SNES it stopped
+    n_before = len(_kept(P))
+    calls = [0]
+
+    def failing(u, *p):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise ValueError("boom")
+        return P.residual(u, *p)
+    with pytest.raises(ValueError, match="boom"):
+        nonlinear_solve(failing, u0, f, c, a, **kw)
+    assert len(_kept(P)) == n_before - 1
+    u, info = nonlinear_solve(P.residual, u0, f, c, a, **kw)
+    torch.testing.assert_close(u, ref, rtol=1e-12, atol=1e-14)
+
+
+def test_kept_snes_gradients_and_gamg_across_calls(comm):
+    """On a kept SNES GAMG keeps its prolongators from one call to the next (as DOLFINx's
+    NewtonSolver does): Newton steps and the answer equal a fresh SNES's for new values, and the
+    implicit-function gradient through a repeated call equals the first call's."""
+    P = FD1D(40, comm)
+    f, c, a = _data(P)
+    u0 = torch.zeros_like(P.x)
+    ls = {"method": "gmres", "pc": "gamg", "rtol": 1e-11}
+    kw = dict(jacobian=P.jacobian, backend="petsc", rtol=1e-10, linear_solver=ls, return_info=True)
+    grads, infos = [], []
+    for k in range(2):
+        fg = f.clone().requires_grad_(True)
+        u, info = nonlinear_solve(P.residual, u0, fg, c, a, **kw)
+        slasolve.global_sum((u * u).sum(), comm).backward()
+        grads.append(fg.grad.clone())
+        infos.append(info)
+    assert len(_kept(P)) == 1 and infos[0].iterations == infos[1].iterations
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-8, atol=1e-12 * float(grads[0].abs().max()))
+    for scale in (0.3, 2.0):
+        u, info = nonlinear_solve(P.residual, u0, f * scale, c, a, **kw)
+        _kept(P).clear()
+        fr, finfo = nonlinear_solve(P.residual, u0, f * scale, c, a, **kw)
+        assert info.converged and info.iterations == finfo.iterations
+        torch.testing.assert_close(u, fr, rtol=1e-9, atol=1e-12)
+
+
+def test_nested_call_on_a_kept_snes(comm):
+    """A nonlinear_solve from inside a callback of another, on the same layout and settings, gets
+    a SNES of its own (the kept one is busy): both answers equal the plain solve's."""
+    P = FD1D(24, comm)
+    f, c, a = _data(P)
+    u0 = torch.zeros_like(P.x)
+    kw = dict(jacobian=P.jacobian, backend="petsc", rtol=1e-10)
+    ref = nonlinear_solve(P.residual, u0, f, c, a, **kw)
+    inner, calls = [], [0]
+
+    def residual(u, *p):
+        calls[0] += 1
+        if calls[0] == 2:   # the first evaluation inside SNES (F(u0) was evaluated before it)
+            inner.append(nonlinear_solve(P.residual, u0, *p, **kw))
+        return P.residual(u, *p)
+    u = nonlinear_solve(residual, u0, f, c, a, **kw)
+    torch.testing.assert_close(inner[0], ref, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(u, ref, rtol=1e-12, atol=1e-14)
+    assert len(inner) == 1 and len(_kept(P)) == 1

@@ -141,14 +141,14 @@ class NeoHookean(NonlinearProblem):
         n_bad = self.comm.allreduce(bad) if self.comm.Get_size() > 1 else bad
         return F, n_bad > 0
 
-    def _params(self, mu, lmbda):
-        return self._param("mu", mu, self.mu), self._param("lmbda", lmbda, self.lmbda)
+    def _params(self, u, mu, lmbda):
+        """Collective. ``u`` checked and ``(mu, lmbda)`` per local cell (one collective check)."""
+        return self._inputs(u, ("mu", mu, self.mu), ("lmbda", lmbda, self.lmbda))
 
     def residual(self, u: torch.Tensor, mu: Union[None, float, torch.Tensor] = None,
                  lmbda: Union[None, float, torch.Tensor] = None) -> torch.Tensor:
         """Collective. Owned rows of internal minus external forces (Dirichlet rows ``u - g``)."""
-        self._check_u(u)
-        m, l = self._params(mu, lmbda)
+        m, l = self._params(u, mu, lmbda)
         F, inverted = self._F_checked(u, self.on_inversion == "raise")
         if inverted:
             return torch.full_like(u, math.nan)
@@ -161,8 +161,7 @@ class NeoHookean(NonlinearProblem):
     def jacobian(self, u: torch.Tensor, mu: Union[None, float, torch.Tensor] = None,
                  lmbda: Union[None, float, torch.Tensor] = None) -> DSparseTensor:
         """Collective. Consistent (symmetric) tangent with Dirichlet rows/columns eliminated."""
-        self._check_u(u)
-        m, l = self._params(mu, lmbda)
+        m, l = self._params(u, mu, lmbda)
         with torch.no_grad():
             F, _ = self._F_checked(u.detach())
             Kb = self._tangent_blocks(F, m.detach(), l.detach())
@@ -202,8 +201,7 @@ class NeoHookean(NonlinearProblem):
         at the lifted ``u``; its gradient with respect to the free dofs is the residual."""
         from ..autograd import global_sum
 
-        self._check_u(u)
-        m, l = self._params(mu, lmbda)
+        m, l = self._params(u, mu, lmbda)
         ul = self.lift(u)
         F, inverted = self._F_checked(u, self.on_inversion == "raise")
         if inverted:

@@ -40,6 +40,7 @@ quadratic), 2^dim Gauss points on Q1 cells. Hyperelasticity:
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Union
 
 import torch
@@ -106,6 +107,9 @@ class NonlinearProblem:
         self.source = source
         self.block_jacobian = bool(block_jacobian)
         self._scalar_template = None
+        self._ext = None        # the extended node array's cell rows (built on first use)
+        self._bc_masks = {}     # dtype -> the Dirichlet elimination's masks
+        self._slots = {}        # dtype -> the scalar tangent's kept entries (see _scalar_slots)
         self._external_kept = None   # (data key, external load) while the data are plain numbers
         terms = [] if neumann is None else ([neumann] if isinstance(neumann, tuple) else list(neumann))
         self._neumann = []
@@ -137,13 +141,53 @@ class NonlinearProblem:
         """Local. ``u`` with the constrained dofs replaced by the Dirichlet values."""
         if self.bc is None:
             return u
-        return torch.where(self.bc.constrained, self.bc.full().to(u.dtype), u)
+        return u.index_put((self.bc._local,), self.bc.values.to(u.dtype))
+
+    def _extended(self):
+        """Local. ``(cells, n_ext)``: the local cells' vertices ``(E, nv)`` as rows of the
+        extended node array ``[owned nodes | ghost nodes]`` (ghosts in the halo plan's order), and
+        its row count; built once. One gather from it gives the cell values, one ``index_add``
+        into it the local sums (no scatter through the local node numbering)."""
+        if self._ext is None:
+            sp = self.space
+            n_owned, n_ghost = int(sp._owned_pos.numel()), int(sp._ghost_pos.numel())
+            pos = torch.empty(n_owned + n_ghost, dtype=torch.long, device=sp.local_cells.device)
+            pos[sp._owned_pos.to(pos.device)] = torch.arange(n_owned, device=pos.device)
+            pos[sp._ghost_pos.to(pos.device)] = torch.arange(n_owned, n_owned + n_ghost, device=pos.device)
+            cells = pos[sp.local_cells]
+            self._ext = (cells, cells.reshape(-1), n_owned + n_ghost)
+        return self._ext
 
     def cell_values(self, u: torch.Tensor) -> torch.Tensor:
         """Collective. ``(E, nv, bs)`` values of the owned-dof vector ``u`` at the local cells'
         vertices (ghosts fetched by the halo; differentiable)."""
         sp = self.space
-        return sp.fetch_ghosts(u).reshape(-1, sp.bs)[sp.local_cells]
+        xo = u.reshape(-1, sp.bs)
+        if self.comm.Get_size() > 1:
+            xo = torch.cat([xo, sp.node_plan.forward(xo)])
+        cells, flat, _ = self._extended()
+        E, nv = cells.shape
+        if sp.bs == 1:   # a 1-D index_select: several times faster than indexing rows
+            return xo.reshape(-1).index_select(0, flat).view(E, nv, 1)
+        return xo.index_select(0, flat).view(E, nv, sp.bs)
+
+    def _assemble_cells(self, re: torch.Tensor) -> torch.Tensor:
+        """Collective. Sum cell vectors ``(E, nv, bs)`` into the owned dofs (ghost-node sums to
+        their owners by the reverse halo); the Assembler's ``assemble_vector`` without its checks,
+        in one ``index_add`` over the extended node array (the same sums in the same order)."""
+        sp = self.space
+        _, flat, n_ext = self._extended()
+        bs = sp.bs
+        if bs == 1:
+            buf = re.new_zeros(n_ext).index_add(0, flat, re.reshape(-1))[:, None]
+        else:  # index_add along the last dim: over (n, bs) rows torch takes a slow row-by-row path
+            fe = re.permute(2, 0, 1).reshape(bs, -1)
+            buf = fe.new_zeros((bs, n_ext)).index_add(1, flat, fe).T
+        n_owned = sp.n_owned_nodes
+        owned = buf[:n_owned]
+        if self.comm.Get_size() > 1:
+            owned = owned + sp.node_plan.reverse(buf[n_owned:])
+        return owned.reshape(-1)
 
     def _constant_data_key(self):
         """Local. A key of the source and Neumann data when all of them are plain numbers (or
@@ -212,31 +256,84 @@ class NonlinearProblem:
     def _finish_residual(self, u: torch.Tensor, re: torch.Tensor) -> torch.Tensor:
         """Collective. Assemble internal cell vectors ``re`` minus the external terms; Dirichlet rows."""
         sp = self.space
-        r = sp.assemble_vector(re, check=False)
+        r = self._assemble_cells(re.reshape(re.shape[0], -1, sp.bs))
         ext = self.external()
         if ext is not None:
             r = r - ext
         if self.bc is not None:
-            r = torch.where(self.bc.constrained, u - self.bc.full().to(u.dtype), r)
+            idx = self.bc._local
+            r = r.index_put((idx,), u[idx] - self.bc.values.to(u.dtype))
         return r
+
+    def _dirichlet_masks(self, dtype):
+        """Local. ``(zero, diag)`` of the symmetric elimination, as :meth:`DirichletBC.apply`
+        makes them: entries set to 0, then the values added on the constrained diagonal (a
+        tensor of the values' shape; ``None`` for ``diagonal="keep"``, whose ``zero`` spares the
+        diagonal). Built once per dtype."""
+        bc = self.bc
+        hit = self._bc_masks.get(dtype)
+        if hit is None:
+            if bc.diagonal == "keep":
+                hit = (bc._zero & ~bc._diag, None)
+            else:
+                hit = (bc._zero, bc._diag.to(dtype) * float(bc.diagonal))
+            self._bc_masks[dtype] = hit
+        return hit
+
+    def _scalar_slots(self, dtype):
+        """Local. For a scalar space with Dirichlet rows: ``(kept, kept_slot, remote, remote_slot,
+        zero, base)``: the element-matrix entries that land on owned nonzeros the elimination
+        keeps and their slots, those that land on other ranks' rows and their slots there, the
+        elimination's mask and its starting values (the constrained diagonal, or zeros). Built
+        once per dtype."""
+        hit = self._slots.get(dtype)
+        if hit is None:
+            sp = self.space
+            zero, diag = self._dirichlet_masks(dtype)
+            slot, nnz = sp._slot, sp.nnz
+            local = slot < nnz
+            keep = local.clone()
+            keep[local] = ~zero[slot[local]]
+            kept = torch.nonzero(keep).flatten()
+            remote = torch.nonzero(~local).flatten()
+            base = torch.zeros(nnz, dtype=dtype, device=slot.device) if diag is None else diag
+            hit = self._slots[dtype] = (kept, slot[kept], remote, slot[remote] - nnz, zero, base)
+        return hit
 
     def _finish_jacobian(self, Ke: torch.Tensor, blocked: bool = False) -> DSparseTensor:
         """Collective. Assemble element tangents ``Ke`` (``(E, nv*bs, nv*bs)``, or with ``blocked``
-        the Assembler's block-entry-major ``(bs, bs, E, nv, nv)``); Dirichlet elimination."""
+        the Assembler's block-entry-major ``(bs, bs, E, nv, nv)``); Dirichlet elimination as
+        :meth:`DirichletBC.apply` does it (the same values), before the one final tensor is made.
+        Scalar spaces sum only the entries the elimination keeps, onto the constrained diagonal."""
         sp = self.space
+        if sp.bs == 1 and self.bc is not None:
+            kept, kept_slot, remote, remote_slot, zero, base = self._scalar_slots(Ke.dtype)
+            flat = Ke.reshape(-1)
+            v = base.index_add(0, kept_slot, flat.index_select(0, kept))
+            if self.comm.Get_size() > 1:
+                r = flat.new_zeros(sp.n_remote).index_add(0, remote_slot, flat.index_select(0, remote))
+                r = sp.nnz_plan.reverse(r)
+                v = v + torch.where(zero, torch.zeros((), dtype=r.dtype, device=r.device), r)
+            return sp.template.with_values(v)
         if blocked:
             K = sp._assemble_slots(Ke.reshape(sp.bs * sp.bs, -1))
         else:
             K = sp.assemble_matrix(Ke, check=False)
+        v = K.values
         if self.bc is not None:
-            K, _ = self.bc.apply(K)
-        if self.space.bs > 1 and not self.block_jacobian:
-            K = self._scalar(K)
-        return K
+            zero, diag = self._dirichlet_masks(v.dtype)
+            v = torch.where(zero, torch.zeros((), dtype=v.dtype, device=v.device), v)
+            if diag is not None:
+                v = v + diag
+        if sp.bs > 1 and not self.block_jacobian:
+            T, perm = self._scalar_layout(K)
+            return T.with_values(v.reshape(-1)[perm])
+        return K.with_values(v) if self.bc is not None else K
 
-    def _scalar(self, K: DSparseTensor) -> DSparseTensor:
-        """Collective (first call). The block tangent as a scalar (AIJ) DSparseTensor on a
-        scalar layout built once (``nonlinear_solve`` takes scalar Jacobians)."""
+    def _scalar_layout(self, K: DSparseTensor):
+        """Collective (first call). ``(template, perm)``: a scalar (AIJ) DSparseTensor on a scalar
+        layout built once (``nonlinear_solve`` takes scalar Jacobians), and the permutation of the
+        block values into its entries."""
         sp = self.space
         bs = sp.bs
         if self._scalar_template is None:
@@ -245,31 +342,49 @@ class NonlinearProblem:
             zeros = torch.zeros(ps.nnz, dtype=K.dtype, device=sp.device)
             self._scalar_template = (DSparseTensor.from_local_rows(ps.indptr, ps.indices, zeros, (n, n), sp.comm)
                                      .to(sp.device), perm.to(sp.device))
-        T, perm = self._scalar_template
-        return T.with_values(K.values.reshape(-1)[perm])
+        return self._scalar_template
+
+    def _u_error(self, u) -> Optional[Exception]:
+        """Local. The problem with ``u``, or None."""
+        sp = self.space
+        if not isinstance(u, torch.Tensor) or u.shape != (sp.n_owned_dofs,):
+            return ValueError(f"u must be a tensor of the owned dofs, shape ({sp.n_owned_dofs},), got "
+                              f"{tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__}")
+        # a finite sum is proof (NaN and inf propagate into it); only an overflowing one needs the full test
+        if not math.isfinite(float(u.detach().sum())) and not bool(torch.isfinite(u.detach()).all()):
+            return ValueError("u contains NaN or infinite values")
+        return None
 
     def _check_u(self, u) -> None:
-        sp = self.space
-        err = None
-        if not isinstance(u, torch.Tensor) or u.shape != (sp.n_owned_dofs,):
-            err = ValueError(f"u must be a tensor of the owned dofs, shape ({sp.n_owned_dofs},), got "
-                             f"{tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__}")
-        elif not bool(torch.isfinite(u.detach()).all()):
-            err = ValueError("u contains NaN or infinite values")
-        check_collective(self.comm, err)
+        """Collective. Raise on every rank when some rank's ``u`` is not its owned dofs or not finite."""
+        check_collective(self.comm, self._u_error(u))
 
-    def _param(self, name: str, value, default):
+    def _param_local(self, name: str, value, default):
+        """Local. ``(coefficient per local cell, None)`` or ``(None, the problem with it)``."""
         v = default if value is None else value
         sp = self.space
-        E = sp.mesh.n_local_cells
-        err = None
         try:
             v = sp._coef(name, v)
-            v = _el._coef(name, v, E, sp.cell_coords)
+            return _el._coef(name, v, sp.mesh.n_local_cells, sp.cell_coords), None
         except (ValueError, TypeError) as e:
-            err = e
+            return None, e
+
+    def _param(self, name: str, value, default):
+        v, err = self._param_local(name, value, default)
         check_collective(self.comm, err)
         return v
+
+    def _inputs(self, u, *params):
+        """Collective. Check ``u`` and convert the ``(name, value, default)`` coefficients, with one
+        collective check for all of them (one Allreduce per residual / tangent)."""
+        err = self._u_error(u)
+        out = []
+        for name, value, default in params:
+            v, e = self._param_local(name, value, default)
+            err = err or e
+            out.append(v)
+        check_collective(self.comm, err)
+        return out
 
 
 class NonlinearDiffusion(NonlinearProblem):
@@ -297,8 +412,7 @@ class NonlinearDiffusion(NonlinearProblem):
 
     def residual(self, u: torch.Tensor, kappa: Union[None, float, torch.Tensor] = None) -> torch.Tensor:
         """Collective. Owned rows of ``R(u) = ∫ κ(1+u²)∇u·∇v - ∫ f v - ∫_Γ g v`` (Dirichlet rows ``u - g``)."""
-        self._check_u(u)
-        k = self._param("kappa", kappa, self.kappa)
+        (k,) = self._inputs(u, ("kappa", kappa, self.kappa))
         ue = self._cell_u(u)
         E = ue.shape[0]
         if self.simplex:
@@ -313,8 +427,7 @@ class NonlinearDiffusion(NonlinearProblem):
 
     def jacobian(self, u: torch.Tensor, kappa: Union[None, float, torch.Tensor] = None) -> DSparseTensor:
         """Collective. Consistent tangent ``dR/du`` (not symmetric) with Dirichlet rows/columns eliminated."""
-        self._check_u(u)
-        k = self._param("kappa", kappa, self.kappa)
+        (k,) = self._inputs(u, ("kappa", kappa, self.kappa))
         with torch.no_grad():
             ue = self._cell_u(u.detach())
             k = k.detach()

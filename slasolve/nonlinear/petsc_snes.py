@@ -1,6 +1,13 @@
 """PETSc SNES backend: ``newtonls`` (line search ``bt`` by default) driving the torch functions.
 
-A fresh SNES per call (nothing survives into the next call), configured in this order:
+With a Jacobian, the SNES (with its KSP, PC, Vecs and Jacobian Mat) is kept on the Jacobian's
+layout per settings (``RowLayout.cached("nonlinear_solvers", ...)``, ``SNES_CACHE_SIZE`` of them):
+every setting that configures it (tolerances, ``maxiter``, line search, ``linear_solver``,
+``petsc_options``, ``options_prefix``) is in the key, so a later call with the same settings
+reuses it and one with other settings gets its own; the options database is read when it is
+made, as for :func:`slasolve.solve`'s kept KSPs. Only the callbacks (the residual, Jacobian and
+parameters of this call) change per call, and they are dropped when the call ends. Without a
+Jacobian (matrix-free) a SNES is made per call. Each is configured in this order:
 type ``newtonls``, the line search, tolerances (``rtol``, ``atol``, ``stol``, ``max_it``;
 no function-evaluation limit, no divergence tolerance), the inner KSP from
 ``linear_solver`` (``method`` -> KSP type as in :func:`slasolve.solve`, ``"direct"`` ->
@@ -9,22 +16,24 @@ no function-evaluation limit, no divergence tolerance), the inner KSP from
 (:func:`slasolve.petsc.temporary_options`): ``-snes_*`` / ``-ksp_*`` / ``-pc_*`` on the
 command line or in ``petsc_options`` override the keyword arguments, as in PETSc.
 
-GAMG keeps its prolongators from one Newton step's tangent to the next
-(``-pc_gamg_reuse_interpolation true``, PETSc's default) unless the options say otherwise; if a
-linear solve then fails (``DIVERGED_LINEAR_SOLVE``), the whole solve is redone from ``u0`` with
-GAMG rebuilt for every tangent, so keeping them never turns a solve that converges into a
-failure.
+GAMG keeps its prolongators from one Newton step's tangent to the next, and from the last
+tangent of one call to the first of the next on a kept SNES (``-pc_gamg_reuse_interpolation
+true``, PETSc's default, as DOLFINx's ``NewtonSolver`` keeps them) unless the options say
+otherwise; if a linear solve then fails (``DIVERGED_LINEAR_SOLVE``), the kept SNES is dropped and
+the whole solve is redone from ``u0`` with GAMG rebuilt for every tangent, so keeping them never
+turns a solve that converges into a failure.
 
 Callbacks: the residual callback converts PETSc's ``X`` to a torch tensor (u0's dtype),
 evaluates ``residual`` (no autograd) and writes ``F``; the Jacobian callback evaluates
-``jacobian`` and writes its values into a private AIJ Mat created from the first
+``jacobian`` and writes its values into the SNES's own AIJ Mat created from a first
 Jacobian (``fill_petsc_mat``: an O(nnz) copy, no cache whose snapshot could go stale).
 Without a Jacobian, SNES runs matrix-free (``SNESSetUseMF``: PETSc's MFFD ``J v``, no
 preconditioner). Errors raised by slasolve's checks inside a callback are raised on
 every rank (the checks are collective), stop SNES and are re-raised from the solve.
 
-"Converged" is re-checked at exit with one more residual evaluation: the reported
-``residual_norm`` is ``||F(u)||`` of the returned ``u``; a converged SNES reason whose
+"Converged" is re-checked at exit: the reported ``residual_norm`` is ``||F(u)||`` of the
+returned ``u`` (SNES's last residual evaluation when it was at ``u`` on every rank, as after a
+line-search step; else one more evaluation); a converged SNES reason whose
 residual fails ``max(rtol ||F(u0)||, atol)`` (``CONVERGED_ITS`` of ``-snes_type ksponly`` on a
 nonlinear problem) becomes ``DIVERGED_MAX_IT``, one that passes is named by the residual
 test (``CONVERGED_FNORM_RELATIVE`` / ``_ABS``).
@@ -33,10 +42,11 @@ from __future__ import annotations
 
 import math
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
+from .._comm import allreduce_sum, options_key
 from ..petsc import PETSc, garbage_cleanup, option_entries, temporary_options
 from ..registry import petsc_method_name
 from .info import NonlinearInfo
@@ -55,6 +65,16 @@ _DEFAULT_ENTRIES = {"snes_divergence_tolerance": "-1", "pc_gamg_reuse_interpolat
 # of a forward); should a linear solve then fail, the whole solve is redone with GAMG rebuilt for
 # every tangent (these entries), so kept prolongators never cause a failure the rebuild avoids
 _REBUILD_ENTRIES = {"pc_gamg_reuse_interpolation": "false"}
+
+
+def database_key(options_prefix: Optional[str]) -> tuple:
+    """Local. The options database entries a SNES reads (``snes_*``, ``ksp_*``, ``pc_*``,
+    ``mat_*`` under ``options_prefix``), sorted: part of the kept SNES's key, so an entry set
+    or removed between calls (``PETSc.Options().setValue``) gets a SNES configured with it.
+    ``nonlinear_solve`` checks that every rank has the same."""
+    head = options_prefix or ""
+    names = tuple(head + p for p in ("snes_", "ksp_", "pc_", "mat_"))
+    return tuple(sorted((k, str(v)) for k, v in PETSc.Options().getAll().items() if k.startswith(names)))
 
 
 def _linear_method_name(ksp_type: str) -> str:
@@ -86,14 +106,16 @@ def _configure_ksp(ksp, ls: dict, comm_size: int, n_global: int, matrix_free: bo
 class _Callbacks:
     """SNES function / Jacobian / monitor callbacks (state per solve)."""
 
-    def __init__(self, prob, dtype, Jmat, progress, callback, u0, r0, J0):
-        self.prob, self.dtype, self.Jmat = prob, dtype, Jmat
+    def __init__(self, prob, dtype, progress, callback, u0, r0, J0, csr=None):
+        self.prob, self.dtype = prob, dtype
+        self.csr = csr     # (indptr, indices) of the Mat in PETSc's int type, or None
         self.error = None
         self.hist, self.lits = [], []
         self._last_lits = 0
         self.progress, self.callback = progress, callback
         # F(u0) and J(u0), already evaluated: used once each when SNES asks at exactly u0
         self.u0, self.r0, self.J0 = u0, r0, J0
+        self.last = None   # (u, F(u)) of the latest function evaluation
 
     def _u(self, X) -> torch.Tensor:
         return torch.from_numpy(X.getArray(readonly=True).copy()).to(self.dtype)
@@ -117,6 +139,7 @@ class _Callbacks:
         except Exception as e:  # a collective check (raised on every rank) or the user's error
             self.error = self.error or e
             raise
+        self.last = (u, r)
         F.setArray(r.to(torch.float64).numpy())
 
     def jacobian(self, snes, X, J, P) -> None:
@@ -131,7 +154,14 @@ class _Callbacks:
         except Exception as e:
             self.error = self.error or e
             raise
-        fill_petsc_mat(P, dJ.to(torch.float64))
+        if self.csr is not None:
+            # the pattern of the Mat (checked by Problem.jacobian): INSERT overwrites every entry
+            vals = dJ.values.detach()
+            vals = vals.numpy() if vals.dtype == torch.float64 else vals.to(torch.float64).numpy()
+            P.setValuesCSR(self.csr[0], self.csr[1], vals, PETSc.InsertMode.INSERT_VALUES)
+            P.assemble()
+        else:
+            fill_petsc_mat(P, dJ.to(torch.float64))
         if J.handle != P.handle:
             J.assemble()
 
@@ -147,6 +177,88 @@ class _Callbacks:
                 self.callback(int(its), float(fnorm))
 
 
+class _Dispatch:
+    """What the SNES calls back: the current solve's :class:`_Callbacks` (``cb``, None between
+    solves, so a kept SNES holds neither the problem nor its parameters). It never refers to
+    the SNES (no reference cycle through PETSc's callback context)."""
+
+    def __init__(self):
+        self.cb = None
+
+    def function(self, snes, X, F) -> None:
+        self.cb.function(snes, X, F)
+
+    def jacobian(self, snes, X, J, P) -> None:
+        self.cb.jacobian(snes, X, J, P)
+
+    def monitor(self, snes, its, fnorm) -> None:
+        self.cb.monitor(snes, its, fnorm)
+
+
+class _Solver:
+    """Collective (constructor). A configured SNES with its Vecs and Jacobian Mat: made per
+    call without a Jacobian, kept per Jacobian layout and settings with one (``SNES_CACHE_SIZE``)."""
+
+    def __init__(self, comm, n_local, J0, rtol, atol, stol, maxiter, line_search, ls, petsc_options,
+                 options_prefix, extra):
+        from ..petsc import create_petsc_mat
+        self.calls = _Dispatch()
+        X = self.X = PETSc.Vec().createMPI((n_local, PETSc.DECIDE), comm=comm)
+        n_global = X.getSize()
+        F = self.F = X.duplicate()
+        snes = self.snes = PETSc.SNES().create(comm=comm)
+        # the Mat's pattern is the Jacobian's at u0 (its values are written at every Jacobian call)
+        self.Jmat = None if J0 is None else create_petsc_mat(J0.to(torch.float64), "aij")
+        self.csr = None
+        if J0 is not None and J0.values.device.type == "cpu":
+            loc = J0.local
+            self.csr = (loc.indptr.numpy().astype(PETSc.IntType), loc.indices.numpy().astype(PETSc.IntType))
+        try:
+            if options_prefix:
+                snes.setOptionsPrefix(options_prefix)
+            snes.setType("newtonls")
+            snes.setFunction(self.calls.function, F)
+            if self.Jmat is not None:
+                snes.setJacobian(self.calls.jacobian, self.Jmat)
+            else:
+                snes.setUseMF(True)
+            snes.setTolerances(rtol=float(rtol), atol=float(atol), stol=float(stol or 0.0), max_it=int(maxiter))
+            snes.setMaxFunctionEvaluations(-1)
+            snes.setMonitor(self.calls.monitor)
+            _configure_ksp(snes.getKSP(), ls, comm.Get_size(), n_global, J0 is None)
+            db = PETSc.Options(options_prefix)
+            entries = {k: v for k, v in {**_DEFAULT_ENTRIES, **extra}.items() if not db.hasName(k)}
+            entries["snes_linesearch_type"] = line_search
+            if db.hasName("snes_linesearch_type"):
+                entries.pop("snes_linesearch_type")
+            entries.update(option_entries(petsc_options))
+            try:
+                with temporary_options(entries, options_prefix):
+                    snes.setFromOptions()
+                    self.tols = snes.getTolerances()       # (rtol, atol, stol, max_it) in force
+                    db = PETSc.Options(options_prefix)
+                    self.line = db.getString("snes_linesearch_type") if db.hasName("snes_linesearch_type") \
+                        else line_search
+            except PETSc.Error as e:
+                raise ValueError(f"PETSc rejected the SNES configuration (petsc_options={petsc_options!r}, "
+                                 f"linear_solver={ls!r}): {e}") from None
+            ksp = snes.getKSP()
+            self.types = (snes.getType(), ksp.getType(), ksp.getPC().getType())
+        except BaseException:
+            self.destroy()
+            raise
+
+    def destroy(self) -> None:
+        """Collective. Destroy the PETSc objects now (a solver made for one call)."""
+        for obj in (self.snes, self.X, self.F, self.Jmat):
+            if obj is not None:
+                obj.destroy()
+
+
+#: SNES solvers kept per Jacobian layout (least recently used dropped first)
+SNES_CACHE_SIZE = 4
+
+
 class _Run(NamedTuple):
     """One SNES solve: its solution, reason, iteration count, line search, callbacks (history),
     SNES / KSP / PC types, tolerances in force ``(rtol, atol, stol, max_it)``, set-up seconds."""
@@ -160,58 +272,44 @@ class _Run(NamedTuple):
     pc: str
     tols: tuple
     setup: float
+    drop: Optional[Callable[[], None]]   # forgets the kept SNES (None: made for this call)
 
 
 def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
               petsc_options, options_prefix, r0, extra) -> _Run:
     """Collective. One SNES solve from ``u0`` with the option entries ``extra`` on top of the
-    defaults."""
-    from ..petsc import create_petsc_mat
+    defaults, on the SNES kept for the Jacobian's layout and these settings (made on a miss)."""
     t0 = time.perf_counter()
     comm = prob.comm
-    n = prob.n_local
-    X = PETSc.Vec().createMPI((n, PETSc.DECIDE), comm=comm)
-    n_global = X.getSize()
-    F = X.duplicate()
+    # the Jacobian at u0 (handed to SNES's first Jacobian call) names the layout whose SNES is used
+    J0 = prob.jacobian(u0.detach()) if use_jacobian else None
+    args = (comm, prob.n_local, J0, rtol, atol, stol, maxiter, line_search, ls, petsc_options,
+            options_prefix, extra)
+    cache = key = None
+    if J0 is None:
+        garbage_cleanup(comm)
+        solver = _Solver(*args)
+    else:
+        # every entry agrees across ranks (checked by nonlinear_solve): all ranks hit or miss alike;
+        # a dropped SNES is destroyed by PETSc at the next garbage_cleanup, run before making one
+        key = (prob.n_local, float(rtol), float(atol), None if stol is None else float(stol), int(maxiter),
+               line_search, options_key(ls), options_prefix, options_key(petsc_options), options_key(extra),
+               database_key(options_prefix))
+        cache = J0._layout.cache("nonlinear_solvers")
+
+        def build():
+            garbage_cleanup(comm)
+            return _Solver(*args)
+        solver = J0._layout.cached("nonlinear_solvers", key, build, SNES_CACHE_SIZE)
+        if solver.calls.cb is not None:   # in use: a nested call from inside one of its callbacks
+            cache, solver = None, _Solver(*args)
+    cb = _Callbacks(prob, u0.dtype, progress, callback, u0.detach(), r0, J0, solver.csr)
+    snes, X = solver.snes, solver.X
     X.setArray(u0.detach().to(torch.float64).cpu().numpy())
-    snes = PETSc.SNES().create(comm=comm)
-    Jmat = J0 = None
-    if use_jacobian:
-        # the Mat's pattern comes from the Jacobian at u0 (handed to SNES's first Jacobian call)
-        J0 = prob.jacobian(u0.detach())
-        Jmat = create_petsc_mat(J0.to(torch.float64), "aij")
-    cb = _Callbacks(prob, u0.dtype, Jmat, progress, callback, u0.detach(), r0, J0)
+    setup = time.perf_counter() - t0
+    solver.calls.cb = cb
+    ok = False
     try:
-        if options_prefix:
-            snes.setOptionsPrefix(options_prefix)
-        snes.setType("newtonls")
-        snes.setFunction(cb.function, F)
-        if use_jacobian:
-            snes.setJacobian(cb.jacobian, Jmat)
-        else:
-            snes.setUseMF(True)
-        snes.setTolerances(rtol=float(rtol), atol=float(atol), stol=float(stol or 0.0), max_it=int(maxiter))
-        snes.setMaxFunctionEvaluations(-1)
-        snes.setMonitor(cb.monitor)
-        _configure_ksp(snes.getKSP(), ls, comm.Get_size(), n_global, not use_jacobian)
-        db = PETSc.Options(options_prefix)
-        entries = {k: v for k, v in {**_DEFAULT_ENTRIES, **extra}.items() if not db.hasName(k)}
-        entries["snes_linesearch_type"] = line_search
-        if db.hasName("snes_linesearch_type"):
-            entries.pop("snes_linesearch_type")
-        entries.update(option_entries(petsc_options))
-        try:
-            with temporary_options(entries, options_prefix):
-                snes.setFromOptions()
-                rtol, atol, stol_, max_it = snes.getTolerances()
-                db = PETSc.Options(options_prefix)
-                line = db.getString("snes_linesearch_type") if db.hasName("snes_linesearch_type") \
-                    else line_search
-        except PETSc.Error as e:
-            raise ValueError(f"PETSc rejected the SNES configuration (petsc_options={petsc_options!r}, "
-                             f"linear_solver={ls!r}): {e}") from None
-        ksp = snes.getKSP()
-        setup = time.perf_counter() - t0
         try:
             snes.solve(None, X)
         except PETSc.Error:
@@ -219,17 +317,18 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
                 raise cb.error from None
             raise
         code = snes.getConvergedReason()
-        reason = _reason(code)
         its = snes.getIterationNumber()
         u = torch.from_numpy(X.getArray(readonly=True).copy()).to(u0.dtype)
-        method, lm, pc = snes.getType(), ksp.getType(), ksp.getPC().getType()
+        ok = True
     finally:
-        snes.destroy()
-        X.destroy()
-        F.destroy()
-        if Jmat is not None:
-            Jmat.destroy()
-    return _Run(u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup)
+        solver.calls.cb = None
+        if cache is None:
+            solver.destroy()
+        elif not ok:    # raised on every rank (collective checks): drop the SNES, whatever state it is in
+            cache.pop(key, None)
+    method, lm, pc = solver.types
+    drop = None if cache is None else (lambda: cache.pop(key, None))
+    return _Run(u, _reason(code), its, solver.line, cb, method, lm, pc, solver.tols, setup, drop)
 
 
 def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, use_jacobian,
@@ -238,7 +337,6 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
     callbacks (collective checks, re-raised on every rank) or a rejected configuration."""
     t0 = time.perf_counter()
     comm = prob.comm
-    garbage_cleanup(comm)
     ls = dict(linear_solver)
     ls.setdefault("rtol", inner_rtol_default(u0.dtype, use_jacobian))
     args = (prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
@@ -247,11 +345,21 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
     kept = not PETSc.Options(options_prefix).hasName("pc_gamg_reuse_interpolation") and \
         "pc_gamg_reuse_interpolation" not in option_entries(petsc_options)
     if kept and out.reason == "DIVERGED_LINEAR_SOLVE" and out.pc == "gamg":  # the same on every rank
+        if out.drop is not None:   # its prolongators failed: the next call starts afresh
+            out.drop()
         out = _snes_run(*args, _REBUILD_ENTRIES)
-    u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup = out
-    # the true residual of the returned u decides "converged"
-    r = prob.residual(u, check=False)
-    fn = global_norm(comm, r)
+    u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup, _ = out
+    # the true residual of the returned u decides "converged": SNES's last evaluation when it
+    # was at u on every rank (it is, after a line search step), else one more
+    last = cb.last
+    same = last is not None and torch.equal(last[0], u)
+    buf = torch.tensor([float((last[1].detach().to(torch.float64) ** 2).sum()) if same else 0.0,
+                        0.0 if same else 1.0], dtype=torch.float64)
+    buf = allreduce_sum(comm, buf)
+    if buf[1] == 0:
+        fn = math.sqrt(float(buf[0]))
+    else:
+        fn = global_norm(comm, prob.residual(u, check=False))
     hist = cb.hist or [float("nan")]
     target = max(rtol * hist[0], atol)
     if reason.startswith("CONVERGED") and reason != "CONVERGED_SNORM_RELATIVE":

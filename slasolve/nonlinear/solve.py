@@ -284,6 +284,12 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     did not converge, returned with ``raise_on_fail=False``). The adjoint is exactly as right
     as ``jacobian``: give the exact derivative of ``residual`` (an approximate Jacobian still
     lets Newton converge, more slowly, but gives wrong gradients; ``jacobian=None`` does not).
+
+    On the petsc backend with a ``jacobian``, the SNES (its KSP, preconditioner, vectors and
+    Jacobian Mat) is kept on the Jacobian's layout for these settings and the options database
+    entries it reads, and a later call with the same ones reuses it: GAMG then keeps its
+    prolongators from one call's last tangent to the next call's first, as DOLFINx's
+    ``NewtonSolver`` does (a linear solve that fails with them is redone with GAMG rebuilt).
     """
     t0 = time.perf_counter()
     backend = default_backend() if backend is None else backend
@@ -310,6 +316,12 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
              "u0 requires grad": isinstance(u0, torch.Tensor) and u0.requires_grad and torch.is_grad_enabled(),
              "linear_solver": options_key(linear_solver),
              "petsc_options": options_key(petsc_options)}
+    if backend == "petsc" and err is None:
+        try:  # the kept SNES is keyed on them: every rank must read the same
+            from .petsc_snes import database_key
+            agree["options database"] = database_key(options_prefix)
+        except ImportError:   # raised by the solve below, on every rank
+            pass
     check_collective(comm, err, agree=agree)
     rtol, atol = float(rtol), float(atol)
     stol = None if stol is None else float(stol)
