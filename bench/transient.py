@@ -270,12 +270,14 @@ def _print_compare(s: dict) -> None:
                 f"(+{c['extra_peak_mib_max_rank']:.1f})")
         if "time_ratio_vs_dolfin_adjoint" in c:
             line += (f"; vs dolfin-adjoint: time {c['time_ratio_vs_dolfin_adjoint']['median']:.3f}x, peak "
-                     f"{c['peak_ratio_vs_dolfin_adjoint']:.2f}x (extra {c['extra_peak_ratio_vs_dolfin_adjoint']:.2f}x), "
+                     f"{c['peak_ratio_vs_dolfin_adjoint']:.2f}x "
+                     f"(extra {c['extra_peak_ratio_vs_dolfin_adjoint']:.2f}x), "
                      f"dJ.dq rel diff {c['grad_rel_diff_vs_dolfin_adjoint']:.1e}")
         if c["fd_rel_err"] is not None:
             line += f"; |dJ.dq - FD| / |FD| {c['fd_rel_err']:.1e}"
         if c["adjoint_over_forward_step"]:
-            line += f"; adjoint/forward step {min(c['adjoint_over_forward_step']):.2f}-{max(c['adjoint_over_forward_step']):.2f}"
+            r = c["adjoint_over_forward_step"]
+            line += f"; adjoint/forward step {min(r):.2f}-{max(r):.2f}"
         print(line, flush=True)
 
 
