@@ -209,6 +209,8 @@ def compare(a) -> dict:
                   "slasolve full storage":
                   lambda fd: [sys.executable, __file__, "--compare-worker", *base, "0", str(a.t_end), str(a.kappa),
                               str(int(fd))]}
+    if a.no_full_storage:
+        del contenders["slasolve full storage"]
     if not why:
         contenders["dolfin-adjoint"] = lambda fd: [PEER_PYTHON, PEER_WORKER, base[0], base[1], str(a.t_end),
                                                    str(a.kappa)] + (["--fd"] if fd else [])
@@ -297,6 +299,7 @@ def main() -> None:
     p.add_argument("--kappa", type=float, default=0.1)
     p.add_argument("--trials", type=int, default=2)
     p.add_argument("--no-fd", action="store_true", help="--compare without the finite differences (long runs)")
+    p.add_argument("--no-full-storage", action="store_true", help="--compare without slasolve's full storage run")
     p.add_argument("--compare-worker", nargs=6, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
