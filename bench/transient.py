@@ -12,7 +12,30 @@ all steps; loss ``sum(u_N^2)``, gradient with respect to ``u0`` and ``q``. Each 
 forward seconds per step (the first sweep) and, with full storage, the adjoint seconds per
 step (``backward_time / N``: one transposed solve and the products per step).
 
-dolfin-adjoint is not compared here (see docs/timestepping.md).
+``--compare``: side by side with dolfin-adjoint 2023.0 on legacy DOLFIN 2019.2 (optional: made by
+``bench/install_peers.sh`` in ``.venv-dolfin-adjoint``; skipped with a message without it), the
+same heat-equation inverse problem on both sides:
+
+* ``du/dt - div(kappa grad u) = q`` on the unit square, insulated, ``kappa = --kappa``,
+  ``u(0) = sin(pi x) y``; ``--n`` x ``--n`` squares cut into two triangles from the low corner
+  (``slasolve.fem.box_mesh(n, cell="triangle")`` == DOLFIN's ``UnitSquareMesh(n, n)``), P1;
+* backward Euler, ``dt = --t-end / steps``: ``(M + dt K) u_{k+1} = M u_k + dt M q``;
+* loss ``J(q) = 1/2 int (u_N - d)^2 dx`` with ``d = x y`` (``1/2 e^T M e``), control the nodal
+  source ``q`` (at ``exp(-|x - (0.3, 0.6)|^2 / 0.02)``), its gradient ``dJ/dq_i`` (dolfin-adjoint's
+  l2 representation);
+* the gradients compared through ``dJ/dq . dq`` (``dq = cos(3x) y + 1/2``) and ``|dJ/dq|_2``,
+  with each other and with a central difference of each side's own ``J`` (``h = 1e-4``).
+
+slasolve: ``LinearTimeProblem(M, K, source=M q, scheme="be", method="direct")`` (one MUMPS
+factorisation for every forward and adjoint step), with ``--compare-snapshots`` snapshots (what
+a user sets for a long run) and with full storage. dolfin-adjoint: ``solve(a == L, u)`` with
+MUMPS each step and ``u_old.assign(u)`` (its tutorials' way), ``compute_gradient`` on the
+default tape (pyadjoint 2023.0 has no checkpointing; the releases that do need the renamed
+``ufl_legacy``, which Debian's DOLFIN 2019.2 does not use). Every contender runs in its own
+process (its own ``mpirun`` at 2 ranks): the peer in its own venv's interpreter, and so that the
+peak RSS of one does not include the other's. Each process warms up (3 steps), records its RSS
+floor, then times one loss + gradient; the contenders alternate, order flipped each trial, and
+the ratios are per trial.
 """
 from __future__ import annotations
 
@@ -75,6 +98,191 @@ def worker(n: int, steps: int, snapshots: int) -> None:
         print("RESULT " + json.dumps(out), flush=True)
 
 
+PEER_PYTHON = os.path.join(ROOT, ".venv-dolfin-adjoint", "bin", "python")
+PEER_WORKER = os.path.join(HERE, "transient_dolfin_adjoint.py")
+
+
+def compare_worker(n: int, steps: int, snapshots: int, t_end: float, kappa: float, fd: bool) -> None:
+    """Collective. slasolve's side of --compare (see the module docstring)."""
+    import resource
+
+    import torch
+    from mpi4py import MPI
+
+    import slasolve
+    from slasolve.fem import Assembler, box_mesh
+    from slasolve.timestepping import LinearTimeProblem, integrate
+
+    torch.set_default_dtype(torch.float64)
+    torch.set_num_threads(1)
+    comm = MPI.COMM_WORLD
+    V = Assembler(box_mesh(n, cell="triangle", comm=comm))
+    M, K = V.mass(), V.stiffness(kappa)
+    u0 = V.interpolate(lambda x: torch.sin(torch.pi * x[:, 0]) * x[:, 1])
+    q0 = V.interpolate(lambda x: torch.exp(-((x[:, 0] - 0.3) ** 2 + (x[:, 1] - 0.6) ** 2) / 0.02))
+    d = V.interpolate(lambda x: x[:, 0] * x[:, 1])
+    dq = V.interpolate(lambda x: torch.cos(3 * x[:, 0]) * x[:, 1] + 0.5)
+    P = LinearTimeProblem(M, K, lambda t, q: M @ q, scheme="be", method="direct")
+    ck = None if snapshots == 0 else snapshots
+
+    def loss(q, N, **kw):
+        u = integrate(P, u0, q, dt=t_end / N, n_steps=N, checkpoints=ck, **kw)
+        info = None
+        if isinstance(u, tuple):
+            u, info = u
+        e = u - d
+        return 0.5 * slasolve.global_sum((e * (M @ e)).sum()), info
+
+    def loss_and_gradient(N):
+        q = q0.clone().requires_grad_(True)
+        comm.Barrier()
+        t0 = time.perf_counter()
+        J, info = loss(q, N, return_info=True)
+        t1 = time.perf_counter()
+        J.backward()
+        t2 = time.perf_counter()
+        return {"loss": float(J.detach()), "g_dot_dq": float(slasolve.global_sum((q.grad * dq).sum())),
+                "g_norm": float(slasolve.global_sum((q.grad * q.grad).sum())) ** 0.5,
+                "forward_s": t1 - t0, "gradient_s": t2 - t1, "info": info}
+
+    def max_over_ranks(x):
+        return comm.allreduce(x, op=MPI.MAX)
+
+    loss_and_gradient(3)
+    comm.Barrier()
+    floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    res = loss_and_gradient(steps)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    info = res.pop("info")
+    res["wall_s"] = max_over_ranks(res["forward_s"] + res["gradient_s"])
+    res["forward_s"], res["gradient_s"] = max_over_ranks(res["forward_s"]), max_over_ranks(res["gradient_s"])
+    res["peak_mib_max_rank"] = max_over_ranks(peak)
+    res["extra_peak_mib_max_rank"] = max_over_ranks(peak - floor)
+    # the steps alone (no recomputation with full storage): info's forward sweep and backward
+    res["forward_s_per_step"] = max_over_ranks(info.forward_time) / steps
+    res["adjoint_s_per_step"] = (max_over_ranks(info.backward_time) / steps) if ck is None else None
+    res["recompute_factor"] = info.recompute_factor
+    if fd:
+        h = 1e-4
+        with torch.no_grad():
+            res["fd"] = float((loss(q0 + h * dq, steps)[0] - loss(q0 - h * dq, steps)[0]) / (2 * h))
+    if comm.rank == 0:
+        res.update({"contender": "slasolve " + (f"{snapshots} snapshots" if ck else "full storage"),
+                    "ranks": comm.size, "nodes": V.n_global_dofs, "steps": steps,
+                    "versions": {"slasolve": getattr(slasolve, "__version__", "?"), "torch": torch.__version__}})
+        print("RESULT " + json.dumps(res), flush=True)
+
+
+def peer_available() -> str:
+    """Local. Why dolfin-adjoint cannot run ("" when it can)."""
+    if not os.path.exists(PEER_PYTHON):
+        return f"{PEER_PYTHON} not found (run bash bench/install_peers.sh)"
+    r = subprocess.run([PEER_PYTHON, "-c", "import dolfin, dolfin_adjoint"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return "the peer venv cannot import dolfin / dolfin_adjoint: " + (r.stderr.strip().splitlines() or ["?"])[-1]
+    return ""
+
+
+def _launch(cmd, ranks, env):
+    if ranks > 1:
+        cmd = ["timeout", "1800", "mpirun", "-n", str(ranks), "--oversubscribe", "--bind-to", "none"] + \
+              (["--allow-run-as-root"] if os.geteuid() == 0 else []) + cmd
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}")
+    return json.loads(next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))[7:])
+
+
+def compare(a) -> dict:
+    """Local. --compare: slasolve (snapshots, full storage) and dolfin-adjoint, alternated."""
+    import statistics
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+               OMPI_MCA_mpi_yield_when_idle="1")
+    why = peer_available()
+    if why:
+        print(f"dolfin-adjoint skipped: {why}", flush=True)
+    peer_env = dict(env, PYTHONPATH="")   # the peer's own venv: no slasolve, no torch
+    base = [str(a.n), str(a.compare_steps[0])]
+    contenders = {f"slasolve {a.compare_snapshots} snapshots":
+                  lambda fd: [sys.executable, __file__, "--compare-worker", *base, str(a.compare_snapshots),
+                              str(a.t_end), str(a.kappa), str(int(fd))],
+                  "slasolve full storage":
+                  lambda fd: [sys.executable, __file__, "--compare-worker", *base, "0", str(a.t_end), str(a.kappa),
+                              str(int(fd))]}
+    if a.no_full_storage:
+        del contenders["slasolve full storage"]
+    if not why:
+        contenders["dolfin-adjoint"] = lambda fd: [PEER_PYTHON, PEER_WORKER, base[0], base[1], str(a.t_end),
+                                                   str(a.kappa)] + (["--fd"] if fd else [])
+    out = {"problem": {"n": a.n, "steps": a.compare_steps[0], "t_end": a.t_end, "kappa": a.kappa,
+                       "scheme": "backward Euler", "element": "P1 triangles", "snapshots": a.compare_snapshots},
+           "machine": {"cores": os.cpu_count(), "load_average_at_start": os.getloadavg()},
+           "peer_skipped": why or None, "runs": []}
+    names = list(contenders)
+    for ranks in a.ranks:
+        rows = {k: [] for k in names}
+        for trial in range(a.trials):
+            order = names if trial % 2 == 0 else names[::-1]
+            for name in order:
+                fd = trial == 0 and not a.no_fd
+                r = _launch(contenders[name](fd), ranks, peer_env if name == "dolfin-adjoint" else env)
+                rows[name].append(r)
+                print(f"ranks {ranks} trial {trial} {name:>24}: {r['wall_s']:.2f} s (forward {r['forward_s']:.2f}, "
+                      f"gradient {r['gradient_s']:.2f}), peak {r['peak_mib_max_rank']:.0f} MiB "
+                      f"(+{r['extra_peak_mib_max_rank']:.1f}), J {r['loss']:.12e}, dJ.dq {r['g_dot_dq']:.12e}"
+                      + (f", FD {r['fd']:.12e}" if "fd" in r else ""), flush=True)
+        summary = {"ranks": ranks, "contenders": {}}
+        for name in names:
+            rs = rows[name]
+            summary["contenders"][name] = {
+                "wall_s_median": statistics.median(r["wall_s"] for r in rs),
+                "peak_mib_max_rank": max(r["peak_mib_max_rank"] for r in rs),
+                "extra_peak_mib_max_rank": max(r["extra_peak_mib_max_rank"] for r in rs),
+                "loss": rs[0]["loss"], "g_dot_dq": rs[0]["g_dot_dq"], "g_norm": rs[0]["g_norm"],
+                "fd": rs[0].get("fd"),
+                "fd_rel_err": abs(rs[0]["g_dot_dq"] - rs[0]["fd"]) / abs(rs[0]["fd"]) if "fd" in rs[0] else None,
+                "forward_s_per_step": rs[0].get("forward_s_per_step"),
+                "adjoint_over_forward_step": [r["adjoint_s_per_step"] / r["forward_s_per_step"] for r in rs
+                                              if r.get("adjoint_s_per_step")],
+                "recompute_factor": rs[0].get("recompute_factor"), "versions": rs[0].get("versions"),
+                "trials": rs}
+        if "dolfin-adjoint" in rows:
+            da = rows["dolfin-adjoint"]
+            for name in names[:-1]:
+                c = summary["contenders"][name]
+                t = [r["wall_s"] / p["wall_s"] for r, p in zip(rows[name], da)]
+                c["time_ratio_vs_dolfin_adjoint"] = {"median": statistics.median(t), "min": min(t), "max": max(t)}
+                c["peak_ratio_vs_dolfin_adjoint"] = (c["peak_mib_max_rank"]
+                                                     / summary["contenders"]["dolfin-adjoint"]["peak_mib_max_rank"])
+                c["extra_peak_ratio_vs_dolfin_adjoint"] = (
+                    c["extra_peak_mib_max_rank"] / summary["contenders"]["dolfin-adjoint"]["extra_peak_mib_max_rank"])
+                pd = summary["contenders"]["dolfin-adjoint"]
+                c["loss_rel_diff_vs_dolfin_adjoint"] = abs(c["loss"] - pd["loss"]) / abs(pd["loss"])
+                c["grad_rel_diff_vs_dolfin_adjoint"] = abs(c["g_dot_dq"] - pd["g_dot_dq"]) / abs(pd["g_dot_dq"])
+                c["grad_norm_rel_diff_vs_dolfin_adjoint"] = abs(c["g_norm"] - pd["g_norm"]) / abs(pd["g_norm"])
+        out["runs"].append(summary)
+        _print_compare(summary)
+    return out
+
+
+def _print_compare(s: dict) -> None:
+    print(f"\n{s['ranks']} rank(s): median wall (loss + gradient), max RSS per rank (extra over the warm floor)")
+    for name, c in s["contenders"].items():
+        line = (f"  {name:>24}: {c['wall_s_median']:7.2f} s, {c['peak_mib_max_rank']:6.0f} MiB "
+                f"(+{c['extra_peak_mib_max_rank']:.1f})")
+        if "time_ratio_vs_dolfin_adjoint" in c:
+            line += (f"; vs dolfin-adjoint: time {c['time_ratio_vs_dolfin_adjoint']['median']:.3f}x, peak "
+                     f"{c['peak_ratio_vs_dolfin_adjoint']:.2f}x "
+                     f"(extra {c['extra_peak_ratio_vs_dolfin_adjoint']:.2f}x), "
+                     f"dJ.dq rel diff {c['grad_rel_diff_vs_dolfin_adjoint']:.1e}")
+        if c["fd_rel_err"] is not None:
+            line += f"; |dJ.dq - FD| / |FD| {c['fd_rel_err']:.1e}"
+        if c["adjoint_over_forward_step"]:
+            r = c["adjoint_over_forward_step"]
+            line += f"; adjoint/forward step {min(r):.2f}-{max(r):.2f}"
+        print(line, flush=True)
+
+
 def main() -> None:
     import argparse
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -84,9 +292,28 @@ def main() -> None:
     p.add_argument("--snapshots", type=int, nargs="+", default=[0, 5, 20, 50], help="0: full storage")
     p.add_argument("--json", default=None)
     p.add_argument("--worker", nargs=3, type=int, help=argparse.SUPPRESS)
+    p.add_argument("--compare", action="store_true", help="side by side with dolfin-adjoint (module docstring)")
+    p.add_argument("--compare-steps", type=int, nargs=1, default=[100])
+    p.add_argument("--compare-snapshots", type=int, default=10)
+    p.add_argument("--t-end", type=float, default=0.5)
+    p.add_argument("--kappa", type=float, default=0.1)
+    p.add_argument("--trials", type=int, default=2)
+    p.add_argument("--no-fd", action="store_true", help="--compare without the finite differences (long runs)")
+    p.add_argument("--no-full-storage", action="store_true", help="--compare without slasolve's full storage run")
+    p.add_argument("--compare-worker", nargs=6, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
         worker(*a.worker)
+        return
+    if a.compare_worker:
+        w = a.compare_worker
+        compare_worker(int(w[0]), int(w[1]), int(w[2]), float(w[3]), float(w[4]), bool(int(w[5])))
+        return
+    if a.compare:
+        out = compare(a)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump(out, f, indent=1)
         return
     rows = []
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")

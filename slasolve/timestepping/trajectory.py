@@ -85,6 +85,29 @@ class _Store:
         self.ram, self.disk, self.deps = {}, {}, {}
         self._dir = None
         self._rank = rank
+        # id(vector) -> how many held states (ram or deps) hold it: n_states in O(1) per step
+        # (a scan of every held state each step made full storage quadratic in n_steps)
+        self._held: dict = {}
+
+    def _hold(self, state, sign: int) -> None:
+        for v in state:
+            c = self._held.get(id(v), 0) + sign
+            if c:
+                self._held[id(v)] = c
+            else:
+                del self._held[id(v)]
+
+    def set_dep(self, n: int, state) -> None:
+        old = self.deps.get(n)
+        if old is not None:
+            self._hold(old, -1)
+        self.deps[n] = tuple(state)
+        self._hold(self.deps[n], +1)
+
+    def pop_dep(self, n: int) -> None:
+        old = self.deps.pop(n, None)
+        if old is not None:
+            self._hold(old, -1)
 
     def put(self, where: str, n: int, state) -> None:
         if where == "disk":
@@ -94,7 +117,11 @@ class _Store:
             torch.save(tuple(s.detach().cpu() for s in state), path)
             self.disk[n] = (path, state[0].device)
         else:
+            old = self.ram.get(n)
+            if old is not None:
+                self._hold(old, -1)
             self.ram[n] = tuple(state)
+            self._hold(self.ram[n], +1)
 
     def get(self, where: str, n: int, delete: bool):
         if where == "disk":
@@ -103,16 +130,19 @@ class _Store:
             if delete:
                 os.remove(path)
             return state
-        return self.ram.pop(n) if delete else self.ram[n]
+        if delete:
+            state = self.ram.pop(n)
+            self._hold(state, -1)
+            return state
+        return self.ram[n]
 
     def n_states(self, current=()) -> int:
         """Local. Distinct vectors held in memory (a state of depth k shares k-1 vectors with the
         next), ``current`` (the working state) included."""
-        ids = {id(v) for st in list(self.ram.values()) + list(self.deps.values()) + [current] for v in st}
-        return len(ids)
+        return len(self._held) + len({id(v) for v in current if id(v) not in self._held})
 
     def close(self) -> None:
-        self.ram.clear(), self.disk.clear(), self.deps.clear()
+        self.ram.clear(), self.disk.clear(), self.deps.clear(), self._held.clear()
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
@@ -154,7 +184,7 @@ class _Run:
             self.store.put(storage, n0, state)
         for m in range(n0, n1):
             if write_deps:
-                self.store.deps[m] = state
+                self.store.set_dep(m, state)
             u = self.stepper.advance(state, m, self.t0, self.params)
             state = (u,) + state[:-1]
             self.info.forward_steps += 1
@@ -162,7 +192,7 @@ class _Run:
                 self.collected[m + 1] = u
             self._note_peak()
         if write_deps:
-            self.store.deps[n1] = state
+            self.store.set_dep(n1, state)
         self.state = (n1, state)
         self._note_peak()
 
@@ -245,9 +275,9 @@ class _Trajectory(torch.autograd.Function):
                         lam[0] = lam[0] + g_at[n]
                     run.info.adjoint_steps += 1
                     if clear:
-                        run.store.deps.pop(n + 1, None)
+                        run.store.pop_dep(n + 1)
                 if clear:
-                    run.store.deps.pop(n0, None)
+                    run.store.pop_dep(n0)
             elif kind == "end_reverse":
                 break
         run.store.close()
