@@ -276,7 +276,7 @@ class _Run(NamedTuple):
 
 
 def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
-              petsc_options, options_prefix, r0, extra) -> _Run:
+              petsc_options, options_prefix, r0, settings, extra) -> _Run:
     """Collective. One SNES solve from ``u0`` with the option entries ``extra`` on top of the
     defaults, on the SNES kept for the Jacobian's layout and these settings (made on a miss)."""
     t0 = time.perf_counter()
@@ -292,9 +292,7 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     else:
         # every entry agrees across ranks (checked by nonlinear_solve): all ranks hit or miss alike;
         # a dropped SNES is destroyed by PETSc at the next garbage_cleanup, run before making one
-        key = (prob.n_local, float(rtol), float(atol), None if stol is None else float(stol), int(maxiter),
-               line_search, options_key(ls), options_prefix, options_key(petsc_options), options_key(extra),
-               database_key(options_prefix))
+        key = settings.key() + (prob.n_local, options_key(ls), options_key(extra))
         cache = J0._layout.cache("nonlinear_solvers")
 
         def build():
@@ -332,15 +330,17 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
 
 
 def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, use_jacobian,
-               callback, progress, petsc_options=None, options_prefix=None, r0=None) -> tuple:
+               callback, progress, settings, petsc_options=None, options_prefix=None, r0=None) -> tuple:
     """Collective. ``(u, NonlinearInfo)`` from PETSc SNES; raises only for errors inside the
-    callbacks (collective checks, re-raised on every rank) or a rejected configuration."""
+    callbacks (collective checks, re-raised on every rank) or a rejected configuration.
+    ``settings``: the call's :class:`slasolve.settings.Settings` (agreed by ``nonlinear_solve``),
+    whose key selects the kept SNES."""
     t0 = time.perf_counter()
     comm = prob.comm
     ls = dict(linear_solver)
     ls.setdefault("rtol", inner_rtol_default(u0.dtype, use_jacobian))
     args = (prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
-            petsc_options, options_prefix, r0)
+            petsc_options, options_prefix, r0, settings)
     out = _snes_run(*args, {})
     kept = not PETSc.Options(options_prefix).hasName("pc_gamg_reuse_interpolation") and \
         "pc_gamg_reuse_interpolation" not in option_entries(petsc_options)

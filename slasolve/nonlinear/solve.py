@@ -16,6 +16,7 @@ import torch
 
 from .. import _log
 from .._comm import allreduce_sum, check_collective, get_comm, options_key, user_code
+from ..settings import SettingsSchema
 from ..autograd import AdjointFunction
 from ..registry import KRYLOV_METHODS, default_backend
 from .info import NonlinearConvergenceError, NonlinearInfo
@@ -23,6 +24,15 @@ from .problem import Problem
 from ..dtensor import dtensor_entry
 
 __all__ = ["nonlinear_solve"]
+
+
+#: the settings of one nonlinear solve: the keyed ones (with the options database entries SNES
+#: reads) select the kept SNES, all must agree across ranks
+NONLINEAR_SETTINGS = SettingsSchema(
+    keyed=("rtol", "atol", "stol", "maxiter", "line_search", "linear_solver", "options_prefix", "petsc_options",
+           "options database"),
+    agreed=("method", "backend", "jacobian given", "return_info", "raise_on_fail", "progress", "callback given",
+            "dtype", "number of params", "params requiring grad", "u0 requires grad"))
 
 _METHODS = ("newton", "newtonls")
 _LINE_SEARCHES = ("bt", "basic")
@@ -302,27 +312,26 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
         comm, err = MPI.COMM_WORLD, e
     err = err or _check(residual, u0, jacobian, method, backend, rtol, atol, stol, maxiter, linear_solver,
                         line_search, petsc_options, options_prefix, callback) or _nested_grad_error(params)
-    agree = {"method": method, "backend": backend, "line_search": line_search,
-             "rtol": repr(rtol), "atol": repr(atol), "stol": repr(stol), "maxiter": repr(maxiter),
-             "jacobian given": jacobian is not None, "return_info": bool(return_info),
-             "raise_on_fail": bool(raise_on_fail), "progress": bool(progress),
-             "callback given": callback is not None, "options_prefix": options_prefix,
-             "dtype": str(u0.dtype) if isinstance(u0, torch.Tensor) else None,
-             "number of params": len(params),
-             # a graph on some ranks only would leave those ranks alone in the backward's adjoint
-             "params requiring grad": [i for i, p in enumerate(params) if torch.is_grad_enabled() and (
-                 (isinstance(p, torch.Tensor) and p.requires_grad) or
-                 (_is_dsparse(p) and p.values.requires_grad))],
-             "u0 requires grad": isinstance(u0, torch.Tensor) and u0.requires_grad and torch.is_grad_enabled(),
-             "linear_solver": options_key(linear_solver),
-             "petsc_options": options_key(petsc_options)}
+    database = None
     if backend == "petsc" and err is None:
         try:  # the kept SNES is keyed on them: every rank must read the same
             from .petsc_snes import database_key
-            agree["options database"] = database_key(options_prefix)
+            database = database_key(options_prefix)
         except ImportError:   # raised by the solve below, on every rank
             pass
-    check_collective(comm, err, agree=agree)
+    settings = NONLINEAR_SETTINGS.bind(
+        rtol=repr(rtol), atol=repr(atol), stol=repr(stol), maxiter=repr(maxiter), line_search=line_search,
+        linear_solver=options_key(linear_solver), options_prefix=options_prefix,
+        petsc_options=options_key(petsc_options), method=method, backend=backend,
+        return_info=bool(return_info), raise_on_fail=bool(raise_on_fail), progress=bool(progress),
+        dtype=str(u0.dtype) if isinstance(u0, torch.Tensor) else None,
+        **{"options database": database, "jacobian given": jacobian is not None,
+           "callback given": callback is not None, "number of params": len(params),
+           # a graph on some ranks only would leave those ranks alone in the backward's adjoint
+           "params requiring grad": [i for i, p in enumerate(params) if torch.is_grad_enabled() and (
+               (isinstance(p, torch.Tensor) and p.requires_grad) or (_is_dsparse(p) and p.values.requires_grad))],
+           "u0 requires grad": isinstance(u0, torch.Tensor) and u0.requires_grad and torch.is_grad_enabled()})
+    check_collective(comm, err, agree=settings.agree())
     rtol, atol = float(rtol), float(atol)
     stol = None if stol is None else float(stol)
     dparams = tuple(p.detach() if isinstance(p, torch.Tensor) or _is_dsparse(p) else p for p in params)
@@ -334,7 +343,8 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
               progress=progress)
     if backend == "petsc":
         from .petsc_snes import snes_solve
-        u, info = snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix, r0=r0, **kw)
+        u, info = snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix, r0=r0,
+                             settings=settings, **kw)
     else:
         from .torch_newton import newton
         u, info = newton(prob, u0, r0=r0, **kw)
