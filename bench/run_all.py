@@ -438,6 +438,49 @@ gathered on rank 0 and cut by serial METIS; DOLFINx 0.5.2 `XDMFFile.read_mesh` o
   50M-cell mesh on 128 ranks needs ~320 MiB per rank above the imports while it is read and
   distributed (no rank holds a global array; the exchanges are Alltoallv of rows), against ~33 GiB on
   one rank for a serial read (the previous path read the whole file on rank 0).
+
+### Transient adjoint against dolfin-adjoint (issue 22; `bench/transient.py --compare`, measured on 2026-11-27, not by run_all)
+
+The same heat-equation inverse problem on both sides (losses agree to 5e-14): `du/dt - div(0.1 grad u) = q`
+on the unit square cut into 64 x 64 x 2 triangles (4,225 P1 nodes, `box_mesh` = `UnitSquareMesh`),
+insulated boundary, `u0 = sin(pi x) y`, backward Euler with `dt = 0.5/steps`, MUMPS on both sides,
+`J = 1/2 int (u_N - x y)^2`, gradient with respect to the nodal source `q`. slasolve: one factorisation
+for every forward and adjoint step, `integrate(..., checkpoints=10)` and full storage; dolfin-adjoint
+2023.0.0 on Debian's legacy DOLFIN 2019.2 (`bench/install_peers.sh` makes its venv; 2023.3+ needs
+`ufl_legacy`, which Debian's DOLFIN does not use; its pyadjoint has no checkpointing, so its default
+tape). Each contender in its own process (own `mpirun` at 2 ranks), alternated, order flipped per trial;
+time = loss + gradient, slowest rank; peak = largest `ru_maxrss` over the ranks ("extra": above the RSS
+after a warm-up). Shared 2-core machine (load 6-18): per-run ratios only.
+
+| ranks / steps | contender | time / dolfin-adjoint | peak RSS MiB (extra) | peak / dolfin-adjoint | dJ.dq vs dolfin-adjoint; vs FD |
+|---|---|---|---|---|---|
+| 1 / 100 | slasolve, 10 snapshots | 0.25 (0.22-0.27) | 379 (+0.4) | 2.33 (extra 0.02) | 7e-14; 4e-13 |
+| 1 / 100 | slasolve, full storage | 0.14 | 380 (+2.4) | 2.34 | 7e-14; 4e-13 |
+| 1 / 100 | dolfin-adjoint | 1 (32.9 s) | 163 (+25) | 1 | -; 3e-12 |
+| 2 / 100 | slasolve, 10 snapshots | 0.53 (0.30-0.77) | 375 (+1.0) | 2.42 (extra 0.06) | 6e-14; 8e-13 |
+| 2 / 100 | slasolve, full storage | 0.32 | 374 (+1.0) | 2.42 | 6e-14; 8e-13 |
+| 2 / 100 | dolfin-adjoint | 1 (77.3 s) | 155 (+16.6) | 1 | -; 2e-12 |
+| 1 / 300 | slasolve, 10 snapshots / full storage | 0.38 / 0.18 | 379 / 386 | 1.82 / 1.85 | 2e-13 |
+| 1 / 3000 | slasolve, 10 snapshots | 0.99 | 379 (+0.9) | 0.45 | 1.3e-12 |
+| 1 / 3000 | dolfin-adjoint | 1 (499 s) | 836 (+698) | 1 | - |
+
+* Targets (<= 0.5x time and memory): time met at 1 rank (0.14-0.38x), at 2 ranks with full storage
+  (0.32x) but not with 10 snapshots (0.53x, range 0.30-0.77 under load); memory: slasolve's imports
+  (torch, PETSc) cost ~220 MiB more than DOLFIN's, so its absolute peak is larger until ~1,000 steps at
+  this size; the trajectory itself costs 0.02-0.06x dolfin-adjoint's tape (+0.4-1 MiB against +17-25 MiB
+  at 100 steps, +698 MiB at 3,000), and the absolute peak is 0.45x at 3,000 steps. At 3,000 steps with 10
+  snapshots the recompute factor 5.55 cancels slasolve's per-step lead (forward 23 vs 56 ms a step;
+  adjoint with recomputation 141 vs 110 ms): 0.99x. More snapshots were not measured.
+* Adjoint step / forward step (full storage; target <= 1.2x): 1.02-1.12 at 1 rank, 1.00-1.30 at 2 ranks
+  (1.32 in the single 300-step run): not met reliably on this small problem, where the source's
+  vector-Jacobian product and a product with M^T are not small next to a MUMPS solve.
+
+### Mesh read at P = 4 after the parallel-write fixes (issue 21; `bench/mesh_io.py --n 40 --ranks 4`, measured by hand on 2026-11-27)
+
+384,000 tetrahedra, two runs on the loaded machine (load 8-18): slasolve 5.31 s / 7.88 s against DOLFINx
+0.5.2's XDMF reader 8.08 s / 8.17 s (0.66x, 0.96x). Profile: PT-Scotch 2.9-3.1 s of slasolve's 4.7-5.8 s
+(dual graph 0.9-1.5 s, redistribution 0.7-1.2 s, HDF5 reads 0.02-0.06 s); DOLFINx's own timers give its
+PT-Scotch call 2.8 s of 5.8 s. The 5M-cell P = 4, 8 rows above were not rerun.
 """
 
 
