@@ -124,7 +124,7 @@ def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None, cha
     refill changes the Mat's state, so an unchanged matrix keeps its preconditioner.
     Each rank compares its own rows; since the refill is collective, the answers are
     combined with one Allreduce(MAX) (only when the communicator has several ranks), or
-    ``changed`` is that combined answer already (:func:`values_differ` on every rank, reduced
+    ``changed`` is that combined answer already (``values_differ`` on every rank, reduced
     by the caller; ignored when the Mat is created now).
     """
     L = dA._need_row_shard("to_petsc")

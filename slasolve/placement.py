@@ -51,7 +51,7 @@ class Placement:
 
     def local_part(self, S, rank: int, size: int) -> Tuple[Any, Offsets]:
         """Local. ``(this rank's part, ownership offsets)`` of the global ``SparseTensor`` ``S``
-        that every rank holds (the offsets as :attr:`DSparseSpec.offsets`)."""
+        that every rank holds (the offsets as ``DSparseSpec.offsets``)."""
         raise NotImplementedError(f"{self} has no local part of a global matrix")
 
     def to_torch(self, nbatch: int):
