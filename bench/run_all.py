@@ -299,13 +299,16 @@ def workflow_section(R, A) -> None:
           "(`setFromOptions`: CG's *preconditioned* residual norm, GAMG's prolongators kept) + the adjoint "
           "by hand. `dfx same test`: DOLFINx with `-ksp_norm_type unpreconditioned`, the stopping test "
           "`||b - A x|| <= rtol ||b||` that slasolve's `rtol` means (SciPy's meaning). Errors: largest "
-          "relative error of J and of `||dJ/dtheta||` over the trials, against slasolve at rtol 1e-13.\n")
+          "relative error of J and of `||dJ/dtheta||` over the trials, against slasolve at rtol 1e-13. A date "
+          "after the cell count marks a row kept from an earlier run (not rerun with the others; machines "
+          "differ between days, so compare ratios, not times, across rows).\n")
         A("| cells | ranks | slasolve | DOLFINx | slasolve / DOLFINx | slasolve / dfx same test | CG iterations "
           "(sla, dfx, dfx same test) | rel. error J, abs(g): sla; dfx; dfx same test |")
         A("|---|---|---|---|---|---|---|---|")
         for n, r in rows_opt:
             t, e, i = r["times"], r["max rel error (J, |g|, g.w)"], r["iterations (last adjoint/forward)"]
-            A(f"| {r['cells']} | {n} | {fmt(t['slasolve']['median'])} | {fmt(t['dolfinx']['median'])} | "
+            when = f" ({r['measured']})" if r.get("measured") else ""
+            A(f"| {r['cells']}{when} | {n} | {fmt(t['slasolve']['median'])} | {fmt(t['dolfinx']['median'])} | "
               f"{rng(r['slasolve/dolfinx'])} | {rng(r['slasolve/dolfinx_unprec'])} | "
               f"{i['slasolve']}, {i['dolfinx']}, {i['dolfinx_unprec']} | "
               + "; ".join(f"{e[k][0]:.0e}, {e[k][1]:.0e}" for k in ("slasolve", "dolfinx", "dolfinx_unprec"))
@@ -322,7 +325,8 @@ def workflow_section(R, A) -> None:
         A("|---|---|---|---|---|---|---|---|---|---|")
         for n, r in rows_nl:
             f, g = r["forward"], r["forward+gradient"]
-            A(f"| {r['cells']} | {n} | {fmt(f['times']['slasolve']['median'])} | "
+            when = f" ({r['measured']})" if r.get("measured") else ""
+            A(f"| {r['cells']}{when} | {n} | {fmt(f['times']['slasolve']['median'])} | "
               f"{fmt(f['times']['dolfinx']['median'])} | {rng(f['slasolve/dolfinx'])} | "
               f"{fmt(g['times']['slasolve']['median'])} | {fmt(g['times']['dolfinx']['median'])} | "
               f"{rng(g['slasolve/dolfinx'])} | {r['newton its']['slasolve']}, {r['newton its']['dolfinx']} | "
