@@ -41,12 +41,20 @@ def options_key(options) -> Union[tuple, str]:
     """Local. A hashable, rank-independent key of a settings dict (``petsc_options``,
     ``linear_solver``): its sorted ``(name, repr(value))`` pairs, ``()`` for None, the
     ``repr`` of anything else. Both the cache keys and the settings every rank must agree
-    on (``check_collective(agree=...)``) are made with it."""
+    on (``check_collective(agree=...)``) are made with it. A tensor value (this rank's rows,
+    e.g. ``linear_solver``'s ``near_nullspace``) stands for its dtype and trailing shape: its
+    values are compared collectively where they are used."""
     if options is None:
         return ()
     if isinstance(options, dict):
-        return tuple(sorted((str(k), repr(v)) for k, v in options.items()))
+        return tuple(sorted((str(k), _value_key(v)) for k, v in options.items()))
     return repr(options)
+
+
+def _value_key(v) -> str:
+    if isinstance(v, torch.Tensor):
+        return f"<tensor {v.dtype} (n_local, *{tuple(v.shape[1:])})>"
+    return repr(v)
 
 
 def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=None, flag: bool = False) -> bool:

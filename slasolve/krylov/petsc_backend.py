@@ -82,7 +82,7 @@ from .base import KrylovSolver
 from .info import REASONS, SolveInfo
 from .torch_methods import default_maxiter
 
-__all__ = ["PetscKrylov", "reason_name", "configure_ksp", "configure_pc"]
+__all__ = ["PetscKrylov", "reason_name", "configure_ksp", "configure_pc", "near_nullspace_of"]
 
 # KSP types that keep the last nonzero initial guess and add it to later solutions
 _GUESS_STATE = {"bcgs", "fbcgs", "fbcgsr", "pipebcgs"}
@@ -659,7 +659,7 @@ class PetscKrylov(KrylovSolver):
         if allreduce_int(self.comm, int(not same), MPI.MAX) == 0:   # unchanged on every rank
             nsp = built[1]
         else:
-            nsp = _near_nullspace(ksp.getOperators()[0], Zd, self.comm)
+            nsp = near_nullspace_of(ksp.getOperators()[0], Zd, self.comm)
             self._nns[key] = (Zd.clone(), nsp)
             self._fresh_pc(ksp)
         ksp.getOperators()[0].setNearNullSpace(nsp)
@@ -822,7 +822,7 @@ def _mat_mat(op, Xs: torch.Tensor, transpose: bool, n_global: int, comm) -> torc
     return out.reshape(m, n)
 
 
-def _near_nullspace(mat, Z: torch.Tensor, comm):
+def near_nullspace_of(mat, Z: torch.Tensor, comm):
     """Collective. A ``PETSc.NullSpace`` spanning the columns of ``Z`` (this rank's rows,
     float64), orthonormalised as ``MatNullSpaceCreate`` requires (Cholesky QR twice: one
     ``m x m`` reduction per pass). Numerically dependent columns (condition number of the

@@ -124,11 +124,10 @@ def _check_settings(method, backend, pc, M, rtol, atol, maxiter, restart, petsc_
     return None
 
 
-def _check_near_nullspace(dA, Z):
-    """Local. The first problem with ``near_nullspace``, or None."""
+def near_nullspace_error(n: int, Z) -> Optional[Exception]:
+    """Local. The first problem with ``near_nullspace`` for ``n`` owned rows, or None."""
     if Z is None:
         return None
-    n = dA.n_local
     if not isinstance(Z, torch.Tensor):
         return TypeError(f"near_nullspace must be a torch.Tensor (n_local, m), got {type(Z).__name__}")
     if Z.is_complex() or not Z.dtype.is_floating_point:
@@ -156,7 +155,7 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
     err = err or _check_settings(method, backend, pc, M, rtol, atol, maxiter, restart, petsc_options,
                                  options_prefix) or check_reuse(reuse_pc)
     if err is None:
-        err = operator_error(dA) or rhs_error(dA, b, x0) or _check_near_nullspace(dA, near_nullspace)
+        err = operator_error(dA) or rhs_error(dA, b, x0) or near_nullspace_error(dA.n_local, near_nullspace)
     p = M if M is not None else pc
     settings = SOLVE_SETTINGS.bind(
         method=method, backend=backend, pc=_pc_key(p), restart=restart, options_prefix=options_prefix,

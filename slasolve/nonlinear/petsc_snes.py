@@ -45,8 +45,9 @@ import time
 from typing import Callable, NamedTuple, Optional
 
 import torch
+from mpi4py import MPI
 
-from .._comm import allreduce_sum, options_key
+from .._comm import allreduce_int, allreduce_sum, options_key
 from ..petsc import PETSc, garbage_cleanup, option_entries, temporary_options
 from ..registry import petsc_method_name
 from .info import NonlinearInfo
@@ -210,6 +211,9 @@ class _Solver:
         # the Mat's pattern is the Jacobian's at u0 (its values are written at every Jacobian call)
         self.Jmat = None if J0 is None else create_petsc_mat(J0.to(torch.float64), "aij")
         self.csr = None
+        # the near-nullspace lives on this SNES's own Jacobian Mat; values changed on any rank
+        # make a new SNES (GAMG keeps the near-nullspace data of its first set-up)
+        self.near_nullspace = None
         if J0 is not None and J0.values.device.type == "cpu":
             loc = J0.local
             self.csr = (loc.indptr.numpy().astype(PETSc.IntType), loc.indices.numpy().astype(PETSc.IntType))
@@ -220,6 +224,11 @@ class _Solver:
             snes.setFunction(self.calls.function, F)
             if self.Jmat is not None:
                 snes.setJacobian(self.calls.jacobian, self.Jmat)
+                if ls.get("near_nullspace") is not None:
+                    from ..krylov.petsc_backend import near_nullspace_of
+                    Z = ls["near_nullspace"].detach().to(device="cpu", dtype=torch.float64)
+                    self.Jmat.setNearNullSpace(near_nullspace_of(self.Jmat, Z, comm))
+                    self.near_nullspace = Z.clone()
             else:
                 snes.setUseMF(True)
             snes.setTolerances(rtol=float(rtol), atol=float(atol), stol=float(stol or 0.0), max_it=int(maxiter))
@@ -301,6 +310,9 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
         solver = J0._layout.cached("nonlinear_solvers", key, build, SNES_CACHE_SIZE)
         if solver.calls.cb is not None:   # in use: a nested call from inside one of its callbacks
             cache, solver = None, _Solver(*args)
+        elif ls.get("near_nullspace") is not None and _near_nullspace_changed(comm, solver, ls["near_nullspace"]):
+            cache.pop(key, None)
+            solver = J0._layout.cached("nonlinear_solvers", key, build, SNES_CACHE_SIZE)
     cb = _Callbacks(prob, u0.dtype, progress, callback, u0.detach(), r0, J0, solver.csr)
     snes, X = solver.snes, solver.X
     X.setArray(u0.detach().to(torch.float64).cpu().numpy())
@@ -327,6 +339,13 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     method, lm, pc = solver.types
     drop = None if cache is None else (lambda: cache.pop(key, None))
     return _Run(u, _reason(code), its, solver.line, cb, method, lm, pc, solver.tols, setup, drop)
+
+
+def _near_nullspace_changed(comm, solver: _Solver, Z: torch.Tensor) -> bool:
+    """Collective. Whether ``Z`` differs from the near-nullspace ``solver`` was made with, on any rank."""
+    built = solver.near_nullspace
+    same = built is not None and built.shape == Z.shape and torch.equal(built, Z.detach().to(built))
+    return allreduce_int(comm, int(not same), MPI.MAX) > 0
 
 
 def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, use_jacobian,

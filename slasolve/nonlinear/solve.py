@@ -36,7 +36,7 @@ NONLINEAR_SETTINGS = SettingsSchema(
 
 _METHODS = ("newton", "newtonls")
 _LINE_SEARCHES = ("bt", "basic")
-_LINEAR_KEYS = ("method", "pc", "rtol", "atol", "maxiter", "restart")
+_LINEAR_KEYS = ("method", "pc", "rtol", "atol", "maxiter", "restart", "near_nullspace")
 _LINEAR_METHODS = tuple(KRYLOV_METHODS) + ("direct",)
 
 
@@ -95,6 +95,14 @@ def _check(residual, u0, jacobian, method, backend, rtol, atol, stol, maxiter, l
     if jacobian is None and (lm != "gmres" or linear_solver.get("pc") not in (None, "none")):
         return ValueError("without a jacobian the inner solve is matrix-free GMRES without a "
                           f"preconditioner; got linear_solver={linear_solver!r}")
+    if "near_nullspace" in linear_solver:
+        if jacobian is None or lm == "direct":
+            return ValueError("linear_solver near_nullspace is a preconditioner hint for the Krylov solves "
+                              "with a jacobian (not matrix-free, not method='direct')")
+        from ..krylov.solve import near_nullspace_error
+        err = near_nullspace_error(int(u0.shape[0]), linear_solver["near_nullspace"])
+        if err is not None:
+            return type(err)(f"linear_solver {err}")
     if petsc_options is not None and not isinstance(petsc_options, dict):
         return TypeError(f"petsc_options must be a dict or None, got {type(petsc_options).__name__}")
     if backend == "torch" and (petsc_options or options_prefix):
@@ -258,8 +266,10 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
         (``cg, gmres, minres, bicgstab, direct``; default ``"gmres"``), ``pc``, ``rtol``
         (fixed relative inner tolerance, default ``1e-10`` for float64, ``1e-5`` float32;
         matrix-free ``1e-5`` / ``1e-3``; the adjoint solve uses at most ``1e-10`` / ``1e-5``),
-        ``atol``, ``maxiter``, ``restart``. A failed inner solve stops Newton
-        (``DIVERGED_LINEAR_SOLVE``).
+        ``atol``, ``maxiter``, ``restart``, ``near_nullspace`` (``(n_local, m)``, as in
+        :func:`slasolve.solve`: e.g. :func:`slasolve.fem.rigid_body_modes` for GAMG on
+        elasticity; set on the kept SNES's Jacobian, which is rebuilt when the values change on
+        any rank). A failed inner solve stops Newton (``DIVERGED_LINEAR_SOLVE``).
     line_search : {"bt", "basic"}
         Backtracking (Armijo, quadratic interpolation) or full Newton steps.
     return_info, raise_on_fail
