@@ -22,6 +22,19 @@ per cell, ``theta(c) = 0.3 sin(3 x) cos(2 y)`` at the centroid, ``u0 = 0``,
   one transposed GMRES + GAMG solve ``J^T lambda = u - d`` (zero on the boundary) with the
   Newton solver's own KSP, and ``dJ/dtheta = -lambda^T dF/dtheta`` assembled as a DG0 vector.
 
+**Neo-Hookean solid** (``--problem neohookean2d neohookean3d``): P1 vectors on the same triangles
+(``2 n^2``, plane strain) or the unit cube's Kuhn tetrahedra (``6 n^3``: slasolve's
+``box_mesh(n, cell="tetra")`` and DOLFINx's ``create_unit_cube`` cut each cube alike), the
+compressible neo-Hookean energy ``W = mu/2 (tr C - d) - mu ln J + lambda/2 (ln J)^2`` (slasolve's
+``NeoHookean``; DOLFINx: the same ``psi`` in UFL, ``P = diff(psi, F)``, the tangent by
+``derivative``), ``mu = exp(theta)``, ``lambda = 1.5 exp(theta)`` per cell, clamped at ``x = 0``,
+a dead body force ``(0, -0.2)`` / ``(0, 0, -0.2)``, ``u0 = 0``, ``J = 1/2 sum u^2`` over the dofs.
+Both: Newton ``rtol`` 1e-10 on the residual, CG + GAMG ``rtol`` 1e-10 with the rigid-body modes
+as GAMG's near-nullspace (slasolve: ``linear_solver=dict(method="cg", pc="gamg",
+near_nullspace=rigid_body_modes(space))``; DOLFINx: ``MatSetNearNullSpace`` on the Newton
+solver's Jacobian, as its elasticity demo does), the adjoint by one CG + GAMG solve with the
+last tangent (symmetric) and ``dJ/dtheta = -lambda^T dR/dtheta`` assembled as a DG0 vector.
+
 Timed: the forward (Newton) and forward + gradient, alternating contenders (order flipped
 every trial), slowest rank, median and (min-max) of the per-trial ratios; Newton counts and
 the answers (J and two numbering-independent functionals of the gradient: its 2-norm and
@@ -34,14 +47,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import COMM, SIZE, base_parser, fmt_t, rprint, stats, timed, write_json  # noqa: E402
-from dolfinx_optloop import data_of, dolfinx_available, functionals, weight_of  # noqa: E402
+from dolfinx_optloop import data_of, dolfinx_available, functionals, rigid_body_nullspace, weight_of  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import slasolve  # noqa: E402
-from slasolve.fem import Assembler, DirichletBC, NonlinearDiffusion, boundary_dofs, box_mesh  # noqa: E402
+from slasolve.fem import (Assembler, DirichletBC, NeoHookean, NonlinearDiffusion, boundary_dofs, box_mesh,  # noqa: E402
+                          rigid_body_modes)
 from slasolve.petsc import PETSc  # noqa: E402
 
 RTOL = 1e-10
@@ -151,11 +165,139 @@ class Dolfinx:
         return J, -self.gv.array_r.copy()
 
 
-def run_size(n: int, trials: int, comm) -> dict:
-    sla, dfx = Slasolve(n, comm), Dolfinx(n, comm)
-    out = {"n": n, "cells": 2 * n * n, "ranks": SIZE, "trials": trials}
+LOAD = 0.2
+SOLID_RATIO = 1.5   # lambda / mu
+
+
+class SlasolveSolid:
+    def __init__(self, n: int, comm, dim: int):
+        self.comm = comm
+        sp = self.space = Assembler(box_mesh(n, cell="triangle" if dim == 2 else "tetra", comm=comm), dim)
+        bd = boundary_dofs(sp, where=lambda x: x[:, 0] < 1e-12)
+        force = torch.zeros(dim, dtype=torch.float64)
+        force[-1] = -LOAD
+        self.P = NeoHookean(sp, DirichletBC(sp, bd, torch.zeros(len(bd), dtype=torch.float64)), body_force=force)
+        self.Z = rigid_body_modes(sp)
+        c = sp.cell_coords.mean(1).numpy()
+        self.theta0 = torch.from_numpy(theta_of(c))
+        self.w = weight_of(c)
+        self.infos = {}
+
+    def run(self, gradient: bool, line_search: str = "bt"):
+        theta = self.theta0.clone().requires_grad_(gradient)
+        mu = torch.exp(theta)
+        u, info = slasolve.nonlinear_solve(
+            self.P.residual, self.space.zeros(), mu, SOLID_RATIO * mu, jacobian=self.P.jacobian, rtol=RTOL,
+            linear_solver=dict(method="cg", pc="gamg", rtol=RTOL, near_nullspace=self.Z), line_search=line_search,
+            return_info=True)
+        self.infos[line_search] = info
+        J = slasolve.global_sum(0.5 * (u ** 2).sum(), self.comm)
+        if not gradient:
+            return float(J), None
+        J.backward()
+        return float(J.detach()), theta.grad.numpy()
+
+
+class DolfinxSolid:
+    def __init__(self, n: int, comm, dim: int):
+        import ufl
+        from dolfinx import fem, mesh
+        from dolfinx.fem import petsc as fpetsc
+        from dolfinx.nls.petsc import NewtonSolver
+        self.fem, self.fpetsc, self.comm = fem, fpetsc, comm
+        if dim == 2:
+            msh = mesh.create_unit_square(comm, n, n, mesh.CellType.triangle, diagonal=mesh.DiagonalType.right)
+        else:
+            msh = mesh.create_unit_cube(comm, n, n, n, mesh.CellType.tetrahedron)
+        V = fem.VectorFunctionSpace(msh, ("Lagrange", 1))
+        Q = fem.FunctionSpace(msh, ("DG", 0))
+        self.theta, self.uh, self.lam = fem.Function(Q), fem.Function(V), fem.Function(V)
+        v, q = ufl.TestFunction(V), ufl.TestFunction(Q)
+        mu = ufl.exp(self.theta)
+        lmbda = SOLID_RATIO * mu
+        force = np.zeros(dim, dtype=PETSc.ScalarType)
+        force[-1] = -LOAD
+        B = fem.Constant(msh, force)
+
+        def residual(w, test):
+            F = ufl.variable(ufl.Identity(dim) + ufl.grad(w))
+            C = F.T * F
+            lnJ = ufl.ln(ufl.det(F))
+            psi = mu / 2 * (ufl.tr(C) - dim) - mu * lnJ + lmbda / 2 * lnJ ** 2
+            return ufl.inner(ufl.diff(psi, F), ufl.grad(test)) * ufl.dx - ufl.inner(B, test) * ufl.dx
+        facets = mesh.locate_entities_boundary(msh, dim - 1, lambda x: np.isclose(x[0], 0.0))
+        self.bc = fem.dirichletbc(np.zeros(dim, dtype=PETSc.ScalarType),
+                                  fem.locate_dofs_topological(V, dim - 1, facets), V)
+        self.problem = fpetsc.NonlinearProblem(residual(self.uh, v), self.uh, bcs=[self.bc])
+        self.newton = NewtonSolver(comm, self.problem)
+        self.newton.rtol, self.newton.atol = RTOL, 0.0
+        self.newton.convergence_criterion = "residual"
+        self.newton.max_it = 50
+        self.newton.A.setNearNullSpace(rigid_body_nullspace(V))
+        ksp = self.newton.krylov_solver
+        prefix = ksp.getOptionsPrefix() or ""
+        opts = PETSc.Options()
+        entries = {"ksp_type": "cg", "pc_type": "gamg", "ksp_rtol": RTOL}
+        for k, val in entries.items():
+            opts[prefix + k] = val
+        ksp.setFromOptions()
+        for k in entries:
+            opts.delValue(prefix + k)
+        # the hand adjoint: lambda^T dR/dtheta per cell (a DG0 vector)
+        self.dFdtheta = fem.form(ufl.derivative(residual(self.uh, self.lam), self.theta, q))
+        self.a = self.problem.a
+        self.A = fpetsc.create_matrix(self.a)
+        self.A.setNearNullSpace(rigid_body_nullspace(V))
+        self.r = fpetsc.create_vector(self.problem.L)
+        self.gv = fpetsc.create_vector(self.dFdtheta)
+        self.n_owned = V.dofmap.index_map.size_local * V.dofmap.index_map_bs
+        self.n_cells = Q.dofmap.index_map.size_local
+        c = Q.tabulate_dof_coordinates()[: self.n_cells]
+        self.theta0, self.w = theta_of(c), weight_of(c)
+        self.its = None
+
+    def run(self, gradient: bool):
+        self.theta.x.array[: self.n_cells] = self.theta0
+        self.theta.x.scatter_forward()
+        self.uh.x.array[:] = 0.0
+        self.its, converged = self.newton.solve(self.uh)
+        assert converged
+        self.uh.x.scatter_forward()
+        u = self.uh.x.array[: self.n_owned]
+        J = self.comm.allreduce(0.5 * float(u @ u), op=MPI.SUM)
+        if not gradient:
+            return J, None
+        fpetsc = self.fpetsc
+        self.A.zeroEntries()
+        fpetsc.assemble_matrix(self.A, self.a, bcs=[self.bc])   # the tangent at the solution
+        self.A.assemble()
+        self.r.array[:] = u
+        fpetsc.set_bc(self.r, [self.bc])
+        ksp = self.newton.krylov_solver
+        ksp.setOperators(self.A)
+        ksp.solve(self.r, self.lam.vector)       # the tangent is symmetric
+        self.lam.x.scatter_forward()
+        with self.gv.localForm() as gl:
+            gl.set(0.0)
+        fpetsc.assemble_vector(self.gv, self.dFdtheta)
+        self.gv.ghostUpdate(addv=PETSc.InsertMode.ADD, mode=PETSc.ScatterMode.REVERSE)
+        return J, -self.gv.array_r.copy()
+
+
+PROBLEMS = {"diffusion": (Slasolve, Dolfinx, 2),
+            "neohookean2d": (lambda n, comm: SlasolveSolid(n, comm, 2), lambda n, comm: DolfinxSolid(n, comm, 2), 2),
+            "neohookean3d": (lambda n, comm: SlasolveSolid(n, comm, 3), lambda n, comm: DolfinxSolid(n, comm, 3), 3)}
+
+
+def run_size(n: int, trials: int, comm, problem: str = "diffusion") -> dict:
+    make_sla, make_dfx, dim = PROBLEMS[problem]
+    sla, dfx = make_sla(n, comm), make_dfx(n, comm)
+    out = {"problem": problem, "n": n, "cells": 2 * n * n if dim == 2 else 6 * n ** 3, "ranks": SIZE,
+           "trials": trials}
     for gradient in (False, True):
         calls = {"slasolve": lambda: sla.run(gradient), "dolfinx": lambda: dfx.run(gradient)}
+        if problem != "diffusion":   # DOLFINx's NewtonSolver takes full steps: slasolve's "basic"
+            calls["slasolve basic"] = lambda: sla.run(gradient, "basic")
         for f in calls.values():
             f()   # warm-up: JIT, caches
         samples = {k: [] for k in calls}
@@ -166,45 +308,65 @@ def run_size(n: int, trials: int, comm) -> dict:
                 samples[name].append(timed(lambda: box.__setitem__("r", calls[name]()), comm))
                 res[name] = box["r"]
         key = "forward+gradient" if gradient else "forward"
-        out[key] = {"times": {k: stats(v) for k, v in samples.items()}, "samples": samples,
-                    "slasolve/dolfinx": stats([a / b for a, b in zip(samples["slasolve"], samples["dolfinx"])])}
-        if gradient:
-            fs = functionals(comm, res["slasolve"][0], res["slasolve"][1], sla.w)
-            fd = functionals(comm, res["dolfinx"][0], res["dolfinx"][1], dfx.w)
-            out["rel diff (J, |g|, g.w)"] = (np.abs(fs - fd) / np.abs(fd)).tolist()
-        else:
-            out["rel diff J"] = abs(res["slasolve"][0] - res["dolfinx"][0]) / abs(res["dolfinx"][0])
-    out["newton its"] = {"slasolve": sla.info.iterations, "dolfinx": int(dfx.its)}
+        out[key] = {"times": {k: stats(v) for k, v in samples.items()}, "samples": samples}
+        for name in calls:
+            if name != "dolfinx":
+                out[key][f"{name}/dolfinx"] = stats([a / b for a, b in zip(samples[name], samples["dolfinx"])])
+        for name in calls:
+            if name == "dolfinx":
+                continue
+            suffix = "" if name == "slasolve" else f" ({name})"
+            if gradient:
+                fs = functionals(comm, res[name][0], res[name][1], sla.w)
+                fd = functionals(comm, res["dolfinx"][0], res["dolfinx"][1], dfx.w)
+                out["rel diff (J, |g|, g.w)" + suffix] = (np.abs(fs - fd) / np.abs(fd)).tolist()
+            else:
+                out["rel diff J" + suffix] = abs(res[name][0] - res["dolfinx"][0]) / abs(res["dolfinx"][0])
+    if problem == "diffusion":
+        out["newton its"] = {"slasolve": sla.info.iterations, "dolfinx": int(dfx.its)}
+    else:
+        out["newton its"] = {"slasolve": sla.infos["bt"].iterations, "slasolve basic": sla.infos["basic"].iterations,
+                             "dolfinx": int(dfx.its)}
     return out
 
 
 def main(argv=None):
     p = base_parser(__doc__.splitlines()[0])
-    p.add_argument("--n", type=int, nargs="*", default=None, help="cells per side (default 64 500)")
+    p.add_argument("--n", type=int, nargs="*", default=None,
+                   help="cells per side (default: diffusion and neohookean2d 64 500, neohookean3d 11 44)")
+    p.add_argument("--problem", nargs="*", default=["diffusion"], choices=sorted(PROBLEMS))
     args = p.parse_args(argv)
     if not dolfinx_available():
         return 0
-    sizes = args.n or ([64] if args.quick else [64, 500])
     trials = args.trials or (3 if args.quick else 5)
     out = {"rtol": RTOL, "sizes": []}
-    rprint(f"nonlinear diffusion, GMRES+GAMG {RTOL:g}, Newton rtol {RTOL:g}, {SIZE} rank(s)")
-    rprint(f"{'cells':>9} {'fwd sla':>9} {'fwd dfx':>9} {'fwd ratio':>17} {'f+g sla':>9} {'f+g dfx':>9} "
-           f"{'f+g ratio':>17}  newton (sla, dfx)  rel diff (J, |g|, g.w)")
-    for n in sizes:
-        r = run_size(n, trials, COMM)
-        out["sizes"].append(r)
-        f, g = r["forward"], r["forward+gradient"]
-        rprint(f"{r['cells']:>9} {fmt_t(f['times']['slasolve']['median']):>9} "
-               f"{fmt_t(f['times']['dolfinx']['median']):>9} "
-               f"{f['slasolve/dolfinx']['median']:5.2f} ({f['slasolve/dolfinx']['min']:.2f}-"
-               f"{f['slasolve/dolfinx']['max']:.2f}) {fmt_t(g['times']['slasolve']['median']):>9} "
-               f"{fmt_t(g['times']['dolfinx']['median']):>9} "
-               f"{g['slasolve/dolfinx']['median']:5.2f} ({g['slasolve/dolfinx']['min']:.2f}-"
-               f"{g['slasolve/dolfinx']['max']:.2f})  {r['newton its']['slasolve']}, {r['newton its']['dolfinx']}"
-               f"  {', '.join(f'{x:.0e}' for x in r['rel diff (J, |g|, g.w)'])}")
+    for problem in args.problem:
+        default = [11, 44] if problem == "neohookean3d" else [64, 500]
+        sizes = args.n or (default[:1] if args.quick else default)
+        _run_problem(problem, sizes, trials, out)
+    name = "dolfinx_nonlinear" if args.problem == ["diffusion"] else "dolfinx_nonlinear_" + "_".join(args.problem)
     write_json(args.json or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                         f"dolfinx_nonlinear_n{SIZE}.json"), out)
+                                         f"{name}_n{SIZE}.json"), out)
     return 0
+
+
+def _run_problem(problem: str, sizes, trials: int, out: dict) -> None:
+    solver = "GMRES+GAMG" if problem == "diffusion" else "CG+GAMG (rigid-body near-nullspace)"
+    rprint(f"{problem}, {solver} {RTOL:g}, Newton rtol {RTOL:g}, {SIZE} rank(s); ratios median (min-max)")
+    for n in sizes:
+        r = run_size(n, trials, COMM, problem)
+        out["sizes"].append(r)
+        its = ", ".join(f"{k} {v}" for k, v in r["newton its"].items())
+        rprint(f"{r['cells']} cells: Newton steps {its}")
+        for key in ("forward", "forward+gradient"):
+            t = r[key]["times"]
+            row = ", ".join(f"{k} {fmt_t(v['median'])}" for k, v in t.items())
+            ratios = ", ".join(f"{k} {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"
+                               for k, v in r[key].items() if k.endswith("/dolfinx"))
+            rprint(f"  {key:>16}: {row}; {ratios}")
+        for k, v in r.items():
+            if k.startswith("rel diff (J"):
+                rprint(f"  {k}: {', '.join(f'{x:.0e}' for x in v)}")
 
 
 if __name__ == "__main__":

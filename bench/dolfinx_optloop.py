@@ -191,7 +191,7 @@ class Dolfinx:
         x = V.tabulate_dof_coordinates()[: V.dofmap.index_map.size_local]
         self.d = elastic_data_of(np.repeat(x, 3, axis=0)) if problem == "elasticity" else data_of(x)
         if problem == "elasticity":
-            self.A.setNearNullSpace(_rigid_body_nullspace(V))
+            self.A.setNearNullSpace(rigid_body_nullspace(V))
         self.c = Q.tabulate_dof_coordinates()[: self.n_cells]
         self.w = weight_of(self.c)
         ksp = self.ksp = PETSc.KSP().create(comm)
@@ -239,21 +239,24 @@ class Dolfinx:
         return J, self.gv.array_r.copy()
 
 
-def _rigid_body_nullspace(V):
-    """The six rigid-body modes of a P1 vector space as a PETSc MatNullSpace (orthonormalised),
-    as DOLFINx's elasticity demo builds them."""
+def rigid_body_nullspace(V):
+    """The rigid-body modes of a P1 vector space (2-D: 3, 3-D: 6) as a PETSc MatNullSpace
+    (orthonormalised), as DOLFINx's elasticity demo builds them."""
     from dolfinx import la
     im = V.dofmap.index_map
     bs = V.dofmap.index_map_bs
     n = im.size_local
     x = V.tabulate_dof_coordinates()[:n]
-    basis = [la.create_petsc_vector(im, bs) for _ in range(6)]
+    basis = [la.create_petsc_vector(im, bs) for _ in range(3 if bs == 2 else 6)]
     arrays = [b.getArray() for b in basis]
-    for k in range(3):
-        arrays[k][k::3] = 1.0
-    arrays[3][0::3], arrays[3][1::3] = -x[:, 1], x[:, 0]
-    arrays[4][0::3], arrays[4][2::3] = x[:, 2], -x[:, 0]
-    arrays[5][2::3], arrays[5][1::3] = x[:, 1], -x[:, 2]
+    for k in range(bs):
+        arrays[k][k::bs] = 1.0
+    if bs == 2:
+        arrays[2][0::2], arrays[2][1::2] = -x[:, 1], x[:, 0]
+    else:
+        arrays[3][0::3], arrays[3][1::3] = -x[:, 1], x[:, 0]
+        arrays[4][0::3], arrays[4][2::3] = x[:, 2], -x[:, 0]
+        arrays[5][2::3], arrays[5][1::3] = x[:, 1], -x[:, 2]
     for b in basis:
         b.assemble()
     la.orthonormalize(basis)
