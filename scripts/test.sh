@@ -33,6 +33,8 @@ if [ "$full" != "0" ]; then
   args+=("-o" "timeout=$run_timeout")   # pytest-timeout's per-test limit (pyproject: 300 s)
 fi
 status=0
+# the slowest tests of every run, for the next look at the suite's time (SLASOLVE_DURATIONS=0: none)
+durations="--durations=${SLASOLVE_DURATIONS:-12} --durations-min=1"
 # took WHAT T0: one line with the step's wall time (SECONDS since T0)
 took() { echo "   -- $1: $((SECONDS - $2)) s"; }
 # The docs build and the pip-only check in the background, one after the other: the serial
@@ -67,7 +69,7 @@ bg_pid=$!
 t_all=$SECONDS
 echo "== serial (1 process, MPI tests at size 1)"
 t0=$SECONDS
-timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider ${args[@]+"${args[@]}"} || status=1
+timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider $durations ${args[@]+"${args[@]}"} || status=1
 took serial "$t0"
 # the eigensolver and SciPy-suite tests again under other BLAS/LAPACK kernels and thread counts
 # than the machine's own, so a result that holds only on this CPU's kernels fails here, not on the
@@ -86,16 +88,19 @@ if [ "${SLASOLVE_SKIP_KERNELS:-0}" = "0" ]; then
     tests/test_linalg_scipy.py tests/test_eigsh_refine.py tests/test_scipy_defaults.py ${args[@]+"${args[@]}"} || status=1
   took kernels "$t0"
 fi
-# run_mpi N MARKS WHAT: the marked tests on N ranks under the timeout; a failure dumps the other ranks' logs
+# run_mpi N MARKS WHAT [scale]: the marked tests on N ranks under the timeout; a failure dumps the other ranks' logs
 run_mpi() {
-  local t0=$SECONDS threads=$OMP_NUM_THREADS per_rank=$(( $(nproc) / $1 ))
+  local t0=$SECONDS threads=$OMP_NUM_THREADS per_rank=$(( $(nproc) / $1 )) examples=${SLASOLVE_PROPERTY_EXAMPLES:-}
   # threads beyond the cores spin against the other ranks: at most cores/ranks per rank (>= 1)
   [ "$per_rank" -ge 1 ] || per_rank=1
   [ "$threads" -le "$per_rank" ] || threads=$per_rank
   echo "== mpirun -n $1 ($3; $threads thread(s) per rank)"
   rm -f .pytest-mpi/rank-*.log   # the failure dump below shows this run's ranks only
-  OMP_NUM_THREADS=$threads timeout "$run_timeout" mpirun -n "$1" --oversubscribe --bind-to none \
-    "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m "$2" -p no:cacheprovider ${args[@]+"${args[@]}"} || {
+  # past the cores (scale evidence: answers and no hangs) fewer examples per property than the CI
+  # slice, unless given (SLASOLVE_SCALE_EXAMPLES, default 4; the full set keeps its own)
+  if [ "${4:-}" = "scale" ] && [ -z "$examples" ] && [ "$full" = "0" ]; then examples=${SLASOLVE_SCALE_EXAMPLES:-4}; fi
+  SLASOLVE_PROPERTY_EXAMPLES=$examples OMP_NUM_THREADS=$threads timeout "$run_timeout" mpirun -n "$1" --oversubscribe --bind-to none \
+    "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m "$2" -p no:cacheprovider $durations ${args[@]+"${args[@]}"} || {
       status=1; echo "mpirun -n $1 failed; other ranks' logs:"; tail -n 30 .pytest-mpi/*.log 2>/dev/null; }
   took "mpirun -n $1" "$t0"
 }
@@ -111,7 +116,7 @@ seen=" "
 for n in $scale_ranks; do
   case "$seen" in *" $n "*) continue;; esac   # "8" given twice runs once
   seen="$seen$n "
-  run_mpi "$n" "mpi and property" "property tests, oversubscribed; SLASOLVE_SKIP_SCALE / SLASOLVE_SCALE_RANKS"
+  run_mpi "$n" "mpi and property" "property tests, oversubscribed, ${SLASOLVE_SCALE_EXAMPLES:-4} examples each; SLASOLVE_SKIP_SCALE / SLASOLVE_SCALE_RANKS" scale
 done
 wait "$bg_pid"
 cat "$bg_log/out"
