@@ -63,6 +63,8 @@ def jobs(quick: bool):
     for n in (1, 2):  # the user's workflows against DOLFINx 0.5 (optional contender; skipped without it)
         J.append((f"dolfinx_optloop_n{n}", "dolfinx_optloop.py", mpirun(n), q, 1200, False))
         J.append((f"dolfinx_nonlinear_n{n}", "dolfinx_nonlinear.py", mpirun(n), q, 1200, False))
+        J.append((f"dolfinx_solid_n{n}", "dolfinx_nonlinear.py", mpirun(n),
+                  q + ["--problem", "neohookean2d", "neohookean3d"], 1800, False))
         J.append((f"fixed_cost_n{n}", "fixed_cost.py", mpirun(n), q, 600, False))
     for n in (1, 2):  # sparse direct solves (MUMPS): spsolve vs raw KSP preonly + LU/Cholesky, backward, SciPy
         J.append((f"direct_n{n}", "direct.py", mpirun(n), q, 600, False))
@@ -331,6 +333,29 @@ def workflow_section(R, A) -> None:
               f"{fmt(g['times']['slasolve']['median'])} | {fmt(g['times']['dolfinx']['median'])} | "
               f"{rng(g['slasolve/dolfinx'])} | {r['newton its']['slasolve']}, {r['newton its']['dolfinx']} | "
               + ", ".join(f"{x:.0e}" for x in r["rel diff (J, |g|, g.w)"]) + " |")
+        A("")
+    rows_solid = [(n, r) for n in (1, 2) for r in (get(R, f"dolfinx_solid_n{n}") or {}).get("sizes", [])]
+    if rows_solid:
+        A("**Hyperelastic solve + gradient** (`bench/dolfinx_nonlinear.py --problem neohookean2d "
+          "neohookean3d`): compressible neo-Hookean (`NeoHookean`; DOLFINx: the same energy in UFL), plane "
+          "strain on the triangles above and 3-D on the unit cube's Kuhn tetrahedra, `mu = exp(theta)`, "
+          "`lambda = 1.5 mu` per cell, clamped at x = 0, body force 0.2 downwards, `J = 1/2 sum u^2`, "
+          "gradient `dJ/dtheta`; Newton rtol 1e-10, CG + GAMG 1e-10 with the rigid-body modes as GAMG's "
+          "near-nullspace on both sides. `sla`: slasolve's defaults (PETSc's `bt` line search, which "
+          "backtracks where the full first step raises `||F||`); `sla basic`: `line_search=\"basic\"`, the "
+          "full Newton steps DOLFINx's `NewtonSolver` takes.\n")
+        A("| problem | cells | ranks | forward sla / dfx | forward sla basic / dfx | (forward + gradient) sla / dfx | "
+          "(forward + gradient) sla basic / dfx | forward dfx | Newton (sla, sla basic, dfx) | "
+          "rel. diff J, abs(g), g.w (sla basic) |")
+        A("|---|---|---|---|---|---|---|---|---|---|")
+        for n, r in rows_solid:
+            f, g, its = r["forward"], r["forward+gradient"], r["newton its"]
+            when = f" ({r['measured']})" if r.get("measured") else ""
+            A(f"| {r['problem']} | {r['cells']}{when} | {n} | {rng(f['slasolve/dolfinx'])} | "
+              f"{rng(f['slasolve basic/dolfinx'])} | {rng(g['slasolve/dolfinx'])} | "
+              f"{rng(g['slasolve basic/dolfinx'])} | {fmt(f['times']['dolfinx']['median'])} | "
+              f"{its['slasolve']}, {its['slasolve basic']}, {its['dolfinx']} | "
+              + ", ".join(f"{x:.0e}" for x in r["rel diff (J, |g|, g.w) (slasolve basic)"]) + " |")
         A("")
     fixed = [(n, get(R, f"fixed_cost_n{n}")) for n in (1, 2)]
     if any(d for _, d in fixed):
