@@ -166,6 +166,13 @@ class _Callbacks:
         if J.handle != P.handle:
             J.assemble()
 
+    def objective(self, snes, X) -> float:
+        try:
+            return self.prob.objective(self._u(X))
+        except Exception as e:
+            self.error = self.error or e
+            raise
+
     def monitor(self, snes, its, fnorm) -> None:
         self.hist.append(float(fnorm))
         if its > 0:
@@ -192,6 +199,9 @@ class _Dispatch:
     def jacobian(self, snes, X, J, P) -> None:
         self.cb.jacobian(snes, X, J, P)
 
+    def objective(self, snes, X) -> float:
+        return self.cb.objective(snes, X)
+
     def monitor(self, snes, its, fnorm) -> None:
         self.cb.monitor(snes, its, fnorm)
 
@@ -201,7 +211,7 @@ class _Solver:
     call without a Jacobian, kept per Jacobian layout and settings with one (``SNES_CACHE_SIZE``)."""
 
     def __init__(self, comm, n_local, J0, rtol, atol, stol, maxiter, line_search, ls, petsc_options,
-                 options_prefix, extra):
+                 options_prefix, extra, use_objective=False):
         from ..petsc import create_petsc_mat
         self.calls = _Dispatch()
         X = self.X = PETSc.Vec().createMPI((n_local, PETSc.DECIDE), comm=comm)
@@ -222,6 +232,8 @@ class _Solver:
                 snes.setOptionsPrefix(options_prefix)
             snes.setType("newtonls")
             snes.setFunction(self.calls.function, F)
+            if use_objective:   # the line search's merit function instead of ||F||^2 / 2
+                snes.setObjective(self.calls.objective)
             if self.Jmat is not None:
                 snes.setJacobian(self.calls.jacobian, self.Jmat)
                 if ls.get("near_nullspace") is not None:
@@ -293,7 +305,7 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     # the Jacobian at u0 (handed to SNES's first Jacobian call) names the layout whose SNES is used
     J0 = prob.jacobian(u0.detach()) if use_jacobian else None
     args = (comm, prob.n_local, J0, rtol, atol, stol, maxiter, line_search, ls, petsc_options,
-            options_prefix, extra)
+            options_prefix, extra, prob.has_objective)
     cache = key = None
     if J0 is None:
         garbage_cleanup(comm)

@@ -26,12 +26,13 @@ class Problem:
     """Collective calls of ``residual(u, *params)`` and ``jacobian(u, *params)`` at detached
     parameters, without autograd, checked collectively (shape, dtype, pattern)."""
 
-    def __init__(self, residual, jacobian, params, comm, n_local: int, dtype: torch.dtype):
-        self._residual, self._jacobian = residual, jacobian
+    def __init__(self, residual, jacobian, params, comm, n_local: int, dtype: torch.dtype, objective=None):
+        self._residual, self._jacobian, self._objective = residual, jacobian, objective
         self.params = params
         self.comm, self.n_local, self.dtype = comm, n_local, dtype
         self.nfev = 0
         self.njev = 0
+        self.nobj = 0
         self._pattern = None  # (layout, indptr, indices) of the first Jacobian
 
     def _call(self, fn, u: torch.Tensor):
@@ -58,6 +59,41 @@ class Problem:
                 err = TypeError(f"residual returned dtype {r.dtype}, u0 is {self.dtype}")
         check_collective(self.comm, err)   # also when not checking: a raise on one rank ends it everywhere
         return r.detach()
+
+    @property
+    def has_objective(self) -> bool:
+        return self._objective is not None
+
+    def objective(self, u: torch.Tensor) -> float:
+        """Collective. ``objective(u, *params)`` (no autograd) as a float, the same on every rank:
+        a real scalar (0-d tensor or number) that every rank must return alike (a global sum,
+        e.g. :func:`slasolve.global_sum`; values differing by more than rounding raise on every
+        rank). A non-finite value on any rank is ``inf`` everywhere (the line search backtracks)."""
+        self.nobj += 1
+        e, err = self._call(self._objective, u)
+        val = math.nan
+        if err is None:
+            if isinstance(e, torch.Tensor) and e.numel() == 1 and not e.is_complex():
+                val = float(e.detach().reshape(()))
+            elif isinstance(e, (int, float)) and not isinstance(e, bool):
+                val = float(e)
+            else:
+                err = TypeError(f"objective must return a real scalar (a 0-d tensor), got "
+                                f"{type(e).__name__}{tuple(e.shape) if isinstance(e, torch.Tensor) else ''}")
+        check_collective(self.comm, err)
+        finite = math.isfinite(val)
+        buf = torch.tensor([0.0 if finite else 1.0, val if finite else 0.0, -val if finite else 0.0],
+                           dtype=torch.float64)
+        if self.comm.Get_size() > 1:
+            self.comm.Allreduce(MPI.IN_PLACE, buf.numpy(), op=MPI.MAX)
+        if buf[0] > 0:
+            return math.inf
+        hi, lo = float(buf[1]), -float(buf[2])
+        if hi - lo > 1e-12 * max(abs(hi), abs(lo)):   # the same test on every rank (reduced values)
+            raise ValueError(f"objective returned different values on different ranks ({lo!r} to {hi!r}): "
+                             "return the global value on every rank (sum the ranks' shares, e.g. with "
+                             "slasolve.global_sum)")
+        return hi
 
     def jacobian(self, u: torch.Tensor):
         """Collective. ``jacobian(u, *params)`` (no autograd): a square row-shard

@@ -118,17 +118,39 @@ def newton(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, u
             reason = "DIVERGED_LINEAR_SOLVE"
             break
         lam, ok = 1.0, False
+        # the merit function phi(lam): the objective when given (its slope at 0 is F . d), else
+        # ||F||^2 / 2 (slope -||F||^2 for a Newton direction)
+        if line_search == "bt" and prob.has_objective:
+            p0, slope = prob.objective(u), float(allreduce_sum(comm, (r.to(torch.float64) * d.to(torch.float64))
+                                                                  .sum().reshape(1))[0])
+            if not slope < 0:   # not a descent direction for the objective: fall back to ||F||
+                p0 = None
+        else:
+            p0 = None
         for _ in range(MAX_LS if line_search == "bt" else 1):
             un = u + lam * d
             rn = prob.residual(un, check=False)
             fnn = global_norm(comm, rn)
-            if line_search != "bt" or (math.isfinite(fnn) and fnn <= (1.0 - ALPHA * lam) * fn):
+            if line_search != "bt":
                 ok = True
                 break
-            if math.isfinite(fnn):  # minimiser of the quadratic through phi(0), phi'(0), phi(lam)
-                p0, p1, slope = 0.5 * fn * fn, 0.5 * fnn * fnn, -fn * fn
-                denom = 2.0 * (p1 - p0 - slope * lam)
-                lt = -slope * lam * lam / denom if denom > 0 else 0.5 * lam
+            if p0 is not None:
+                p1 = prob.objective(un)
+                if math.isfinite(fnn) and p1 <= p0 + ALPHA * lam * slope:
+                    ok = True
+                    break
+            elif math.isfinite(fnn) and fnn <= (1.0 - ALPHA * lam) * fn:
+                ok = True
+                break
+            else:
+                p1 = 0.5 * fnn * fnn
+            if math.isfinite(fnn) and math.isfinite(p1):  # minimiser of the quadratic through phi(0), phi'(0), phi(lam)
+                if p0 is None:
+                    q0, q_slope = 0.5 * fn * fn, -fn * fn
+                else:
+                    q0, q_slope = p0, slope
+                denom = 2.0 * (p1 - q0 - q_slope * lam)
+                lt = -q_slope * lam * lam / denom if denom > 0 else 0.5 * lam
                 lam = min(max(lt, 0.1 * lam), 0.5 * lam)
             else:
                 lam *= 0.1
