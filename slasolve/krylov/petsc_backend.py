@@ -358,7 +358,8 @@ class PetscKrylov(KrylovSolver):
                 tol = a if absolute else max(r * bnorm, a)
                 with _log.phase("verify", _log.event("slaSolveVerify")):
                     reason, its, rnorm, floor = _verify_true_residual(ksp, B, X, transpose, tol, max_it,
-                                                                       its, reason, float(bnorm))
+                                                                       its, reason, float(bnorm),
+                                                                       work=(self._work("ax"), self._work("r")))
             _sync_solution(X, x)
             t2 = time.perf_counter()
             history = mon.history
@@ -674,6 +675,15 @@ class PetscKrylov(KrylovSolver):
         V.placeArray(t.numpy())
         return V
 
+    def _work(self, name: str):
+        """Collective on first use, then Local. This solver's work Vec ``name`` (the layout of
+        :meth:`_over`'s, PETSc-owned memory), made once."""
+        V = self._shells.get(name)
+        if V is None:
+            V = self._shells[name] = PETSc.Vec().createMPI((self._shells["b"].getLocalSize(), self.n_global),
+                                                           comm=self.comm)
+        return V
+
     def _set_reuse(self, ksp, reuse: bool) -> None:
         """Local. PETSc's ``PCSetReusePreconditioner`` for this call, remembered for the set-up
         stamp (a set-up that kept the old preconditioner is not one for the current values)."""
@@ -712,7 +722,7 @@ def _sync_solution(X, x: torch.Tensor) -> None:
         xn[...] = arr
 
 
-def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm, pnorm=None):
+def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm, pnorm=None, work=None):
     """Collective. Make "converged" mean ``||b - A x|| <= tol``, whatever PETSc tested (a
     recurrence residual, which can be far off for a singular preconditioned operator; MINRES
     with a preconditioner tests ``||B r||``; options may select ``-ksp_norm_type
@@ -722,9 +732,10 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm,
     A tolerance below the normwise backward-error floor ``4 eps (||A||_inf ||x|| + ||b||)``
     is met at that floor when the true residual is also at most ``sqrt(eps) ||b||`` (SciPy's CG
     reports success there too; :attr:`SolveInfo.floor`).
+    ``work``: two Vecs of ``B``'s layout to use for ``A x`` and the residual (else made here).
     Returns ``(reason, iterations, true residual norm, floor accepted at or None)``."""
     A = ksp.getOperators()[0]
-    AX, R = B.duplicate(), B.duplicate()
+    AX, R = (B.duplicate(), B.duplicate()) if work is None else work
     backward = accepted = None
     try:
         for rounds in range(_VERIFY_ROUNDS + 1):
@@ -757,7 +768,8 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm,
             its += int(ksp.getIterationNumber())
             reason = reason_name(ksp.getConvergedReason())
     finally:
-        AX.destroy(), R.destroy()
+        if work is None:
+            AX.destroy(), R.destroy()
     return reason, its, float(true), accepted
 
 
