@@ -120,6 +120,7 @@ class NonlinearProblem:
         self._slots = {}        # dtype -> the scalar tangent's kept entries (see _scalar_slots)
         self._np = None         # NumPy copies of the index arrays of the no-autograd path (_np_index)
         self._np_slots = None   # NumPy copies of _scalar_slots(float64)
+        self._np_consts = {}    # coefficient name -> (number, its per-cell NumPy array)
         self._external_kept = None   # (data key, external load) while the data are plain numbers
         terms = [] if neumann is None else ([neumann] if isinstance(neumann, tuple) else list(neumann))
         self._neumann = []
@@ -200,14 +201,16 @@ class NonlinearProblem:
         return owned.reshape(-1)
 
     # ------------------------------------------- the no-autograd path (NumPy)
-    def _fast(self, u: torch.Tensor) -> bool:
+    def _fast(self, u: torch.Tensor, graph: bool = True) -> bool:
         """Local. Whether this evaluation records no autograd graph (``torch.no_grad``, as inside
-        the Newton iterations) on float64 CPU data: then the kernels run on NumPy arrays, whose
-        per-operation cost is a fraction of torch's at the sizes where that cost dominates.
-        Decided from the grad mode and the space, the same on every rank."""
+        the Newton iterations; ``graph=False``: never one, as for tangents) on float64 CPU data:
+        then the kernels run on NumPy arrays, whose per-operation cost is a fraction of torch's at
+        the sizes where that cost dominates. Decided from the grad mode and the space, the same
+        on every rank."""
         sp = self.space
-        return not torch.is_grad_enabled() and sp.dtype == torch.float64 and sp.device.type == "cpu" \
-            and u.dtype == torch.float64 and u.device.type == "cpu"
+        return not (graph and torch.is_grad_enabled()) and sp.dtype == torch.float64 \
+            and sp.device.type == "cpu" and isinstance(u, torch.Tensor) and u.dtype == torch.float64 \
+            and u.device.type == "cpu"
 
     def _np_index(self):
         """Local. ``(flat cells, (E, nv), n_ext, constrained dofs)`` as NumPy arrays (built once)."""
@@ -443,9 +446,16 @@ class NonlinearProblem:
         ``numpy``: the coefficient as a NumPy array (the no-autograd path)."""
         v = default if value is None else value
         sp = self.space
+        if numpy and type(v) is float:   # a number: the same (read-only) array while it is the same
+            hit = self._np_consts.get(name)
+            if hit is not None and hit[0] == v:
+                return hit[1], None
         try:
-            v = sp._coef(name, v)
-            return _el._coef(name, v, sp.mesh.n_local_cells, sp.cell_coords, numpy), None
+            c = _el._coef(name, sp._coef(name, v), sp.mesh.n_local_cells, sp.cell_coords, numpy)
+            if numpy and type(v) is float:
+                c.flags.writeable = False
+                self._np_consts[name] = (v, c)
+            return c, None
         except (ValueError, TypeError) as e:
             return None, e
 
@@ -534,12 +544,11 @@ class NonlinearDiffusion(NonlinearProblem):
 
     def jacobian(self, u: torch.Tensor, kappa: Union[None, float, torch.Tensor] = None) -> DSparseTensor:
         """Collective. Consistent tangent ``dR/du`` (not symmetric) with Dirichlet rows/columns eliminated."""
-        with torch.no_grad():
-            if self.simplex and self._fast(u):
-                (k,) = self._inputs(u, ("kappa", kappa, self.kappa), numpy=True)
-                L, M = self._np_LM()
-                return self._np_finish_jacobian(self._simplex_tangent(self._np_cell_values(u.detach().numpy()),
-                                                                      k, L, M))
+        if self.simplex and self._fast(u, graph=False):
+            (k,) = self._inputs(u, ("kappa", kappa, self.kappa), numpy=True)
+            L, M = self._np_LM()
+            return self._np_finish_jacobian(self._simplex_tangent(self._np_cell_values(u.detach().numpy()),
+                                                                  k, L, M))
         (k,) = self._inputs(u, ("kappa", kappa, self.kappa))
         with torch.no_grad():
             ue = self._cell_u(u.detach())
