@@ -513,7 +513,9 @@ class NonlinearDiffusion(NonlinearProblem):
         """Local. ``(M u, s = 1 + uᵀ M u, L u)`` per cell from the cell values ``ue`` ``(E, nv)``;
         written with operators torch tensors and NumPy arrays share (both paths run it)."""
         t = ue @ M                                                                  # (E, nv)
-        return t, 1 + (t * ue).sum(-1), (L @ ue[:, :, None])[..., 0]
+        # NumPy's batched matmul makes one BLAS call per cell; einsum loops in C
+        Lu = np.einsum("eij,ej->ei", L, ue) if isinstance(ue, np.ndarray) else (L @ ue[:, :, None])[..., 0]
+        return t, 1 + (t * ue).sum(-1), Lu
 
     @classmethod
     def _simplex_tangent(cls, ue, k, L, M):
