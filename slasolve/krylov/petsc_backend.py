@@ -374,7 +374,9 @@ class PetscKrylov(KrylovSolver):
             reason = "CONVERGED_RTOL"
         info = self._info(reason, its, rnorm, history, t1 - t0, t2 - t1, rtol, atol, ksp)
         info.floor = floor
-        return (x if b.dtype == torch.float64 and b.device.type == "cpu" else x.to(device=b.device, dtype=b.dtype)), info
+        if b.dtype != torch.float64 or b.device.type != "cpu":
+            x = x.to(device=b.device, dtype=b.dtype)
+        return x, info
 
     def _set_up(self, ksp, dA) -> None:
         """Collective. Set up the KSP and the preconditioner's local blocks now, and raise on
