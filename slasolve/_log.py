@@ -159,7 +159,8 @@ class phase:
     __slots__ = ("key", "ev", "times", "t0", "child")
 
     def __init__(self, key: str, ev: Optional[Event] = None):
-        self.key, self.ev = key, ev
+        # the PETSc event itself (None: none or no petsc4py): one call less per begin / end
+        self.key, self.ev = key, None if ev is None else ev.petsc
 
     def __enter__(self):
         if self.ev is not None:
@@ -175,9 +176,12 @@ class phase:
         _open.pop()
         times = self.times
         if times is not None:
-            times[self.key] = times.get(self.key, 0.0) + dt - self.child
-            if _open and _open[-1].times is times:
-                _open[-1].child += dt
+            key = self.key
+            times[key] = times.get(key, 0.0) + dt - self.child
+            if _open:
+                outer = _open[-1]
+                if outer.times is times:
+                    outer.child += dt
         if self.ev is not None:
             self.ev.end()
         return False

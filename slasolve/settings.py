@@ -30,6 +30,8 @@ class Settings:
     def key(self, **replace) -> tuple:
         """Local. The cache key of the backend object these settings select; ``replace`` gives
         keyed settings of a sibling object (the GMRES solver of a CG adjoint's fallback)."""
+        if not replace:
+            return tuple(map(self.values.__getitem__, self.keyed))
         return tuple(replace.get(n, self.values[n]) for n in self.keyed)
 
 

@@ -58,6 +58,7 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from ..sparse import all_finite
 from .cells import CELL_DIM, CELL_TYPES, CELL_VERTICES
 
 __all__ = ["CELL_TYPES", "cell_dim", "n_vertices", "infer_cell", "stiffness", "mass",
@@ -196,7 +197,12 @@ def _check_coords(coords, cell: Optional[str]) -> str:
     return cell
 
 
-def _coef(name: str, c: Coef, E: int, like: torch.Tensor) -> torch.Tensor:
+_NUMPY_DTYPES = {torch.float64: np.float64, torch.float32: np.float32}
+
+
+def _coef(name: str, c: Coef, E: int, like: torch.Tensor, numpy: bool = False):
+    """Local. The coefficient ``c`` (a number or ``(E,)`` / 0-d tensor) checked, as ``(E,)`` values
+    of ``like``'s dtype and device; ``numpy``: as a NumPy array (CPU; no autograd)."""
     if isinstance(c, bool) or not isinstance(c, (int, float, torch.Tensor)):
         raise TypeError(f"{name} must be a number or a torch.Tensor of shape ({E},), got {type(c).__name__}")
     if isinstance(c, torch.Tensor):
@@ -206,11 +212,14 @@ def _coef(name: str, c: Coef, E: int, like: torch.Tensor) -> torch.Tensor:
             c = c.reshape(1).expand(E)
         elif c.shape != (E,):
             raise ValueError(f"{name} must have shape ({E},) (one value per element), got {tuple(c.shape)}")
-        if not bool(torch.isfinite(c.detach()).all()):
+        if not all_finite(c):
             raise ValueError(f"{name} contains NaN or infinite values")
-        return c.to(dtype=like.dtype, device=like.device)
+        c = c.to(dtype=like.dtype, device=like.device)
+        return c.detach().numpy() if numpy else c
     if not math.isfinite(float(c)):
         raise ValueError(f"{name} must be finite, got {c}")
+    if numpy:
+        return np.full(E, float(c), dtype=_NUMPY_DTYPES[like.dtype])
     return torch.full((E,), float(c), dtype=like.dtype, device=like.device)
 
 

@@ -43,16 +43,24 @@ from __future__ import annotations
 import math
 from typing import Optional, Union
 
+import numpy as np
 import torch
 
 from .._comm import check_collective
 from ..dsparse import DSparseTensor
+from ..sparse import all_finite, all_finite_np
 from . import elements as _el
 from .assembly import Assembler
 from .bc import DirichletBC
 from .facets import BoundaryFacets, boundary_facets, neumann_load
 
 __all__ = ["NonlinearProblem", "NonlinearDiffusion"]
+
+
+def _sum_into(index: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
+    """Local. ``zeros(n).index_add(0, index, weights)`` in NumPy (float64; ``bincount`` adds in
+    sequence, as ``index_add``; on empty input it would return int64)."""
+    return np.bincount(index, weights=weights, minlength=n).astype(np.float64, copy=False)
 
 
 def _quadrature(cell: str, dtype, device):
@@ -110,6 +118,9 @@ class NonlinearProblem:
         self._ext = None        # the extended node array's cell rows (built on first use)
         self._bc_masks = {}     # dtype -> the Dirichlet elimination's masks
         self._slots = {}        # dtype -> the scalar tangent's kept entries (see _scalar_slots)
+        self._np = None         # NumPy copies of the index arrays of the no-autograd path (_np_index)
+        self._np_slots = None   # NumPy copies of _scalar_slots(float64)
+        self._np_consts = {}    # coefficient name -> (number, its per-cell NumPy array)
         self._external_kept = None   # (data key, external load) while the data are plain numbers
         terms = [] if neumann is None else ([neumann] if isinstance(neumann, tuple) else list(neumann))
         self._neumann = []
@@ -188,6 +199,78 @@ class NonlinearProblem:
         if self.comm.Get_size() > 1:
             owned = owned + sp.node_plan.reverse(buf[n_owned:])
         return owned.reshape(-1)
+
+    # ------------------------------------------- the no-autograd path (NumPy)
+    def _fast(self, u: torch.Tensor, graph: bool = True) -> bool:
+        """Local. Whether this evaluation records no autograd graph (``torch.no_grad``, as inside
+        the Newton iterations; ``graph=False``: never one, as for tangents) on float64 CPU data:
+        then the kernels run on NumPy arrays, whose per-operation cost is a fraction of torch's at
+        the sizes where that cost dominates. Decided from the grad mode and the space, the same
+        on every rank."""
+        sp = self.space
+        return not (graph and torch.is_grad_enabled()) and sp.dtype == torch.float64 \
+            and sp.device.type == "cpu" and isinstance(u, torch.Tensor) and u.dtype == torch.float64 \
+            and u.device.type == "cpu"
+
+    def _np_index(self):
+        """Local. ``(flat cells, (E, nv), n_ext, constrained dofs)`` as NumPy arrays (built once)."""
+        if self._np is None:
+            cells, flat, n_ext = self._extended()
+            bc_idx = None if self.bc is None else self.bc._local.cpu().numpy()
+            self._np = (flat.cpu().numpy(), tuple(cells.shape), n_ext, bc_idx)
+        return self._np
+
+    def _np_cell_values(self, u: np.ndarray) -> np.ndarray:
+        """Collective. :meth:`cell_values` of ``lift(u)`` for a scalar space, as ``(E, nv)`` NumPy."""
+        flat, shape, _, idx = self._np_index()
+        if idx is not None:
+            u = u.copy()
+            u[idx] = self.bc.values.detach().numpy()
+        if self.comm.Get_size() > 1:
+            u = np.concatenate([u, self.space.node_plan.forward_raw(torch.from_numpy(u[:, None])).numpy()[:, 0]])
+        return u.take(flat).reshape(shape)
+
+    def _np_assemble_cells(self, re: np.ndarray) -> np.ndarray:
+        """Collective. :meth:`_assemble_cells` of ``(E, nv)`` scalar cell vectors (the same sums in
+        the same order: ``bincount`` adds its weights in sequence, as ``index_add``)."""
+        flat, _, n_ext, _ = self._np_index()
+        buf = _sum_into(flat, re.reshape(-1), n_ext)
+        n_owned = self.space.n_owned_nodes
+        owned = buf[:n_owned]
+        if self.comm.Get_size() > 1:
+            owned = owned + self.space.node_plan.reverse_raw(torch.from_numpy(buf[n_owned:, None])).numpy()[:, 0]
+        return owned
+
+    def _np_finish_residual(self, u: np.ndarray, re: np.ndarray) -> torch.Tensor:
+        """Collective. :meth:`_finish_residual` for a scalar space on NumPy arrays."""
+        r = self._np_assemble_cells(re)
+        ext = self.external()
+        if ext is not None:
+            r = r - ext.detach().numpy()
+        if self.bc is not None:
+            idx = self._np_index()[3]
+            r[idx] = u[idx] - self.bc.values.detach().numpy()
+        return torch.from_numpy(r)
+
+    def _np_finish_jacobian(self, Ke: np.ndarray) -> DSparseTensor:
+        """Collective. :meth:`_finish_jacobian` of scalar element tangents ``(E, nv, nv)`` on NumPy
+        arrays (with Dirichlet rows; otherwise the torch code on the same values)."""
+        sp = self.space
+        if sp.bs != 1 or self.bc is None:
+            return self._finish_jacobian(torch.from_numpy(Ke))
+        hit = self._np_slots
+        if hit is None:
+            kept, kept_slot, remote, remote_slot, zero, base = self._scalar_slots(torch.float64)
+            hit = self._np_slots = tuple(t.cpu().numpy() for t in (kept, kept_slot, remote, remote_slot, zero, base))
+        kept, kept_slot, remote, remote_slot, zero, base = hit
+        flat = Ke.reshape(-1)
+        # the kept entries never land on the constrained diagonal (eliminated): base + sum as index_add
+        v = base + _sum_into(kept_slot, flat.take(kept), sp.nnz)
+        if self.comm.Get_size() > 1:
+            r = _sum_into(remote_slot, flat.take(remote), sp.n_remote)
+            r = sp.nnz_plan.reverse_raw(torch.from_numpy(r)).numpy()
+            v = v + np.where(zero, 0.0, r)
+        return sp.template.with_values(torch.from_numpy(v))
 
     def _constant_data_key(self):
         """Local. A key of the source and Neumann data when all of them are plain numbers (or
@@ -344,14 +427,13 @@ class NonlinearProblem:
                                      .to(sp.device), perm.to(sp.device))
         return self._scalar_template
 
-    def _u_error(self, u) -> Optional[Exception]:
-        """Local. The problem with ``u``, or None."""
+    def _u_error(self, u, numpy: bool = False) -> Optional[Exception]:
+        """Local. The problem with ``u``, or None (``numpy``: tested on its NumPy view)."""
         sp = self.space
         if not isinstance(u, torch.Tensor) or u.shape != (sp.n_owned_dofs,):
             return ValueError(f"u must be a tensor of the owned dofs, shape ({sp.n_owned_dofs},), got "
                               f"{tuple(u.shape) if isinstance(u, torch.Tensor) else type(u).__name__}")
-        # a finite sum is proof (NaN and inf propagate into it); only an overflowing one needs the full test
-        if not math.isfinite(float(u.detach().sum())) and not bool(torch.isfinite(u.detach()).all()):
+        if not (all_finite_np(u.detach().numpy()) if numpy else all_finite(u)):
             return ValueError("u contains NaN or infinite values")
         return None
 
@@ -359,13 +441,21 @@ class NonlinearProblem:
         """Collective. Raise on every rank when some rank's ``u`` is not its owned dofs or not finite."""
         check_collective(self.comm, self._u_error(u))
 
-    def _param_local(self, name: str, value, default):
-        """Local. ``(coefficient per local cell, None)`` or ``(None, the problem with it)``."""
+    def _param_local(self, name: str, value, default, numpy: bool = False):
+        """Local. ``(coefficient per local cell, None)`` or ``(None, the problem with it)``;
+        ``numpy``: the coefficient as a NumPy array (the no-autograd path)."""
         v = default if value is None else value
         sp = self.space
+        if numpy and type(v) is float:   # a number: the same (read-only) array while it is the same
+            hit = self._np_consts.get(name)
+            if hit is not None and hit[0] == v:
+                return hit[1], None
         try:
-            v = sp._coef(name, v)
-            return _el._coef(name, v, sp.mesh.n_local_cells, sp.cell_coords), None
+            c = _el._coef(name, sp._coef(name, v), sp.mesh.n_local_cells, sp.cell_coords, numpy)
+            if numpy and type(v) is float:
+                c.flags.writeable = False
+                self._np_consts[name] = (v, c)
+            return c, None
         except (ValueError, TypeError) as e:
             return None, e
 
@@ -374,13 +464,14 @@ class NonlinearProblem:
         check_collective(self.comm, err)
         return v
 
-    def _inputs(self, u, *params):
+    def _inputs(self, u, *params, numpy: bool = False):
         """Collective. Check ``u`` and convert the ``(name, value, default)`` coefficients, with one
-        collective check for all of them (one Allreduce per residual / tangent)."""
-        err = self._u_error(u)
+        collective check for all of them (one Allreduce per residual / tangent); ``numpy``: as
+        NumPy arrays, for the no-autograd path (:meth:`_fast`)."""
+        err = self._u_error(u, numpy)
         out = []
         for name, value, default in params:
-            v, e = self._param_local(name, value, default)
+            v, e = self._param_local(name, value, default, numpy)
             err = err or e
             out.append(v)
         check_collective(self.comm, err)
@@ -406,19 +497,47 @@ class NonlinearDiffusion(NonlinearProblem):
             # L = |T| G Gᵀ and the volume-normalised mass M (|T| uᵀMu = ∫u², exact for degree 2)
             self._L = _el._gram(self.G, self.wg)                                    # (E, nv, nv)
             self._M = (self.N.T * self.w) @ self.N / self.w.sum()                   # (nv, nv)
+        self._LM_np = None
 
     def _cell_u(self, u):
         return self.cell_values(self.lift(u))[..., 0]                               # (E, nv)
 
+    def _np_LM(self):
+        """Local. ``(L, M)`` as NumPy arrays (the no-autograd path; made once)."""
+        if self._LM_np is None:
+            self._LM_np = (self._L.detach().numpy(), self._M.detach().numpy())
+        return self._LM_np
+
+    @staticmethod
+    def _simplex_terms(ue, L, M):
+        """Local. ``(M u, s = 1 + uᵀ M u, L u)`` per cell from the cell values ``ue`` ``(E, nv)``;
+        written with operators torch tensors and NumPy arrays share (both paths run it)."""
+        t = ue @ M                                                                  # (E, nv)
+        # NumPy's batched matmul makes one BLAS call per cell; einsum loops in C
+        Lu = np.einsum("eij,ej->ei", L, ue) if isinstance(ue, np.ndarray) else (L @ ue[:, :, None])[..., 0]
+        return t, 1 + (t * ue).sum(-1), Lu
+
+    @classmethod
+    def _simplex_tangent(cls, ue, k, L, M):
+        """Local. Element tangents ``(E, nv, nv)`` on simplices: κ(1+u²)∇δu·∇v -> κ s L and
+        2κ u δu ∇u·∇v -> 2κ (L u)_i (M u)_j (row i: test v_i); torch or NumPy."""
+        t, s, Lu = cls._simplex_terms(ue, L, M)
+        return L * (k * s)[:, None, None] + (Lu * (2 * k)[:, None])[:, :, None] * t[:, None, :]
+
     def residual(self, u: torch.Tensor, kappa: Union[None, float, torch.Tensor] = None) -> torch.Tensor:
         """Collective. Owned rows of ``R(u) = ∫ κ(1+u²)∇u·∇v - ∫ f v - ∫_Γ g v`` (Dirichlet rows ``u - g``)."""
+        if self.simplex and self._fast(u):
+            (k,) = self._inputs(u, ("kappa", kappa, self.kappa), numpy=True)
+            un = u.detach().numpy()
+            _, s, Lu = self._simplex_terms(self._np_cell_values(un), *self._np_LM())
+            return self._np_finish_residual(un, (k * s)[:, None] * Lu)
         (k,) = self._inputs(u, ("kappa", kappa, self.kappa))
         ue = self._cell_u(u)
         E = ue.shape[0]
         if self.simplex:
             # ∫ κ(1+u²) ∇u·∇N_i = κ (1 + mean of u²) (L u)_i
-            s = 1 + torch.bmm((ue @ self._M)[:, None, :], ue[:, :, None]).reshape(E)
-            re = (k * s)[:, None] * torch.bmm(self._L, ue[:, :, None]).reshape(E, -1)
+            _, s, Lu = self._simplex_terms(ue, self._L, self._M)
+            re = (k * s)[:, None] * Lu
         else:
             c = k[:, None] * self.wdet * (1 + (ue @ self.N.T) ** 2)                    # (E, nq)
             gq = torch.bmm(ue[:, None, :], self.Gv).reshape(E, -1, self.space.dim)  # (E, nq, dim)
@@ -427,17 +546,18 @@ class NonlinearDiffusion(NonlinearProblem):
 
     def jacobian(self, u: torch.Tensor, kappa: Union[None, float, torch.Tensor] = None) -> DSparseTensor:
         """Collective. Consistent tangent ``dR/du`` (not symmetric) with Dirichlet rows/columns eliminated."""
+        if self.simplex and self._fast(u, graph=False):
+            (k,) = self._inputs(u, ("kappa", kappa, self.kappa), numpy=True)
+            L, M = self._np_LM()
+            return self._np_finish_jacobian(self._simplex_tangent(self._np_cell_values(u.detach().numpy()),
+                                                                  k, L, M))
         (k,) = self._inputs(u, ("kappa", kappa, self.kappa))
         with torch.no_grad():
             ue = self._cell_u(u.detach())
             k = k.detach()
             E, nv = ue.shape
             if self.simplex:
-                # κ(1+u²)∇δu·∇v -> κ s L;  2κ u δu ∇u·∇v -> 2κ (L u)_i (M u)_j (row i: test v_i)
-                t = ue @ self._M
-                s = 1 + torch.bmm(t[:, None, :], ue[:, :, None]).reshape(E)
-                Lu = torch.bmm(self._L, ue[:, :, None])                                # (E, nv, 1)
-                Ke = torch.baddbmm(self._L * (k * s)[:, None, None], Lu * (2 * k)[:, None, None], t[:, None, :])
+                Ke = self._simplex_tangent(ue, k, self._L, self._M)
             else:
                 nq, dim = self.N.shape[0], self.space.dim
                 uq = ue @ self.N.T                                                     # (E, nq)

@@ -16,7 +16,8 @@ from .runs import previous_solution, raise_if_failed, remember_solution, solve_c
 __all__ = ["AdjointSolve", "forward_solve", "repeats_forward"]
 
 # solve options that are not keyword arguments of the backends' solve methods
-_NOT_SOLVER_KW = ("raise_on_fail", "pc_fn", "reuse_pc", "warm", "fallback", "limit", "transpose_solver")
+_NOT_SOLVER_KW = frozenset(("raise_on_fail", "pc_fn", "reuse_pc", "warm", "fallback", "limit",
+                            "transpose_solver"))
 
 
 def forward_solve(b, dA, solver, opts, x0, out) -> tuple:

@@ -219,6 +219,7 @@ class PetscKrylov(KrylovSolver):
         self._nns = {}  # "main"/"T" -> (near-nullspace snapshot, PETSc.NullSpace) its PC was built with
         self._explicit_T = False  # KSPSolveTranspose failed once: transposes use _ksp_T
         self._monitor = _Monitor()
+        self._watched: set = set()   # "main"/"T": KSPs the monitor is set on (see _watch)
         self._pyctx = None
         self._defaults = dict(_DEFAULT_ENTRIES)
         if reuse_interpolation:
@@ -246,7 +247,6 @@ class PetscKrylov(KrylovSolver):
             pcobj.setPythonContext(self._pyctx)
         else:
             configure_pc(pcobj, pc, self.comm.Get_size())
-        ksp.setMonitor(self._monitor)
         self._entries = self._option_entries(pc if isinstance(pc, str) else None, options_prefix,
                                              petsc_options)
         self._prefix = options_prefix
@@ -256,6 +256,7 @@ class PetscKrylov(KrylovSolver):
         check_collective(self.comm, _diagonal_error(dA, ksp.getPC().getType()))  # before the collective set-up
         ksp.setUp()  # configuration errors surface here, inside the collective check
         self.ksp_type = ksp.getType()
+        self.method_name = petsc_method_name(self.ksp_type)
         self.pc_type = ksp.getPC().getType()
         self.norm = ("preconditioned" if ksp.getNormType() == PETSc.KSP.NormType.PRECONDITIONED
                      and self.pc_type != "none" else "unpreconditioned")
@@ -298,18 +299,18 @@ class PetscKrylov(KrylovSolver):
     def _run(self, ksp, dA, b: torch.Tensor, x0: Optional[torch.Tensor], transpose: bool, *, rtol, atol,
              maxiter, callback, record_history, reuse_pc: bool = False,
              reset_operators: bool = True, near_nullspace: Optional[torch.Tensor] = None) -> tuple:
-        bb = b.detach().to(device="cpu", dtype=torch.float64).contiguous()
+        bb = _cpu64(b)
+        bn = bb.numpy()
         if reset_operators:
             # one reduction: whether any rank's values changed (the Mat is refilled in place
             # then) and ||b||^2 (local dot products summed, as PETSc's VecNorm does)
             differ = values_differ(dA, "aij")
-            bn = bb.numpy()
             flags = np.array([float(bool(differ)), float(np.dot(bn, bn))])
             if self.comm.Get_size() > 1:
                 self.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.SUM)
             ksp.setOperators(to_petsc_mat(dA, mat_type="aij", changed=bool(flags[0])))
             bnorm = math.sqrt(flags[1])
-        B = self._over("b", bb)
+        B = self._over("b", bn)
         if not reset_operators:
             bnorm = B.norm()
         if bnorm == 0.0:  # SciPy: x = 0 whatever x0
@@ -327,12 +328,13 @@ class PetscKrylov(KrylovSolver):
         ksp.setTolerances(rtol=r, atol=a, divtol=ov.get("divtol", math.inf), max_it=max_it)
         x = torch.zeros(b.shape[0], dtype=torch.float64) if x0 is None else \
             x0.detach().to(device="cpu", dtype=torch.float64).clone()
+        xn = x.numpy()
         if max_it == 0:  # PETSc's KSPs still take one step; test the initial guess only (torch backend)
             return self._initial_guess_only(ksp, B, x, b, r, a, bnorm, rtol, atol, record_history, transpose)
         ksp.setInitialGuessNonzero(x0 is not None or ksp.getType() in _GUESS_STATE)
         self._set_reuse(ksp, bool(reuse_pc))
-        X = self._over("x", x)
-        mon = self._monitor
+        X = self._over("x", xn)
+        mon = self._watch(ksp, record_history or callback is not None)
         mon.history = [] if record_history else None
         mon.callback = callback
         t0 = time.perf_counter()
@@ -358,19 +360,23 @@ class PetscKrylov(KrylovSolver):
                 tol = a if absolute else max(r * bnorm, a)
                 with _log.phase("verify", _log.event("slaSolveVerify")):
                     reason, its, rnorm, floor = _verify_true_residual(ksp, B, X, transpose, tol, max_it,
-                                                                       its, reason, float(bnorm))
-            _sync_solution(X, x)
+                                                                       its, reason, float(bnorm),
+                                                                       work=(self._work("ax"), self._work("r")))
+            _sync_solution(X, xn)
             t2 = time.perf_counter()
             history = mon.history
         finally:
             mon.history = mon.callback = None
-            _clear_near_nullspace(ksp)
+            if near_nullspace is not None:   # else this call set none (see _apply_near_nullspace)
+                _clear_near_nullspace(ksp)
             B.resetArray(), X.resetArray()
         if absolute and reason == "CONVERGED_ATOL" and not (atol > 0 and rnorm <= atol):
             reason = "CONVERGED_RTOL"
         info = self._info(reason, its, rnorm, history, t1 - t0, t2 - t1, rtol, atol, ksp)
         info.floor = floor
-        return x.to(device=b.device, dtype=b.dtype), info
+        if b.dtype != torch.float64 or b.device.type != "cpu":
+            x = x.to(device=b.device, dtype=b.dtype)
+        return x, info
 
     def _set_up(self, ksp, dA) -> None:
         """Collective. Set up the KSP and the preconditioner's local blocks now, and raise on
@@ -434,7 +440,7 @@ class PetscKrylov(KrylovSolver):
         ksp = self.ksp if ksp is None else ksp
         return SolveInfo(converged=reason.startswith("CONVERGED") and reason != "CONVERGED_ITERATING",
                          reason=reason, iterations=its, residual_norm=rnorm, residual_history=history,
-                         setup_time=setup, solve_time=solve, method=petsc_method_name(self.ksp_type),
+                         setup_time=setup, solve_time=solve, method=self.method_name,
                          backend="petsc", rtol=rtol, atol=atol,
                          pc="callable" if self.pc_type == "python" else self.pc_type)
 
@@ -471,7 +477,6 @@ class PetscKrylov(KrylovSolver):
                 kspT.getPC().setPythonContext(self._pyctx)
             kspT.setPCSide(self.ksp.getPCSide())
             kspT.setNormType(self.ksp.getNormType())
-            kspT.setMonitor(self._monitor)
             with temporary_options(self._entries, self._prefix):
                 kspT.setFromOptions()
             self._ksp_T = kspT
@@ -571,7 +576,7 @@ class PetscKrylov(KrylovSolver):
             return Xt.t().to(device=B.device, dtype=B.dtype), infos
         ksp.setInitialGuessNonzero(X0 is not None or ksp.getType() in _GUESS_STATE)
         self._set_reuse(ksp, bool(reuse_pc))
-        mon = self._monitor
+        mon = self._watch(ksp, record_history or callback is not None)
         t0 = time.perf_counter()
         self._call_set_up(ksp, dA, near_nullspace)
         setup = time.perf_counter() - t0
@@ -664,14 +669,33 @@ class PetscKrylov(KrylovSolver):
             self._fresh_pc(ksp)
         ksp.getOperators()[0].setNearNullSpace(nsp)
 
-    def _over(self, name: str, t: torch.Tensor):
-        """Collective on first use, then Local. This solver's Vec ``name`` over ``t``'s memory
-        (float64 CPU contiguous, owned rows): made once, its array placed per call
-        (``resetArray`` after the solve), so a solve sets up no Vec layout (an Allgather each)."""
+    def _over(self, name: str, a: np.ndarray):
+        """Collective on first use, then Local. This solver's Vec ``name`` over ``a``'s memory
+        (float64 contiguous, owned rows; a tensor's ``numpy()`` view): made once, its array placed
+        per call (``resetArray`` after the solve), so a solve sets up no Vec layout (an Allgather each)."""
         V = self._shells.get(name)
         if V is None:
-            V = self._shells[name] = PETSc.Vec().createMPI((t.shape[0], self.n_global), comm=self.comm)
-        V.placeArray(t.numpy())
+            V = self._shells[name] = PETSc.Vec().createMPI((a.shape[0], self.n_global), comm=self.comm)
+        V.placeArray(a)
+        return V
+
+    def _watch(self, ksp, needed: bool) -> "_Monitor":
+        """Local. The monitor, set on ``ksp`` the first time a call ``needed`` it (history or
+        callback) and kept from then on: a KSP without it iterates without calling into Python
+        (options' monitors, ``-ksp_monitor``, are PETSc's own and unaffected)."""
+        key = "main" if ksp is self.ksp else "T"
+        if needed and key not in self._watched:
+            ksp.setMonitor(self._monitor)
+            self._watched.add(key)
+        return self._monitor
+
+    def _work(self, name: str):
+        """Collective on first use, then Local. This solver's work Vec ``name`` (the layout of
+        :meth:`_over`'s, PETSc-owned memory), made once."""
+        V = self._shells.get(name)
+        if V is None:
+            V = self._shells[name] = PETSc.Vec().createMPI((self._shells["b"].getLocalSize(), self.n_global),
+                                                           comm=self.comm)
         return V
 
     def _set_reuse(self, ksp, reuse: bool) -> None:
@@ -703,16 +727,25 @@ class PetscKrylov(KrylovSolver):
 _VERIFY_ROUNDS = 20
 
 
-def _sync_solution(X, x: torch.Tensor) -> None:
-    """Local. Make sure ``x`` holds the solution: some PCs (hypre) swap the array under a
-    Vec created over user memory, leaving the solution in PETSc-owned storage."""
+def _cpu64(t: torch.Tensor) -> torch.Tensor:
+    """Local. ``t`` detached as a float64 CPU contiguous tensor (itself when it is one)."""
+    if t.requires_grad:
+        t = t.detach()
+    if t.dtype == torch.float64 and t.device.type == "cpu" and t.is_contiguous():
+        return t
+    return t.to(device="cpu", dtype=torch.float64).contiguous()
+
+
+def _sync_solution(X, xn: np.ndarray) -> None:
+    """Local. Make sure ``xn`` (the solution tensor's memory) holds the solution: some PCs
+    (hypre) swap the array under a Vec created over user memory, leaving the solution in
+    PETSc-owned storage."""
     arr = X.getArray(readonly=True)
-    xn = x.numpy()
     if arr.__array_interface__["data"][0] != xn.__array_interface__["data"][0]:
         xn[...] = arr
 
 
-def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm, pnorm=None):
+def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm, pnorm=None, work=None):
     """Collective. Make "converged" mean ``||b - A x|| <= tol``, whatever PETSc tested (a
     recurrence residual, which can be far off for a singular preconditioned operator; MINRES
     with a preconditioner tests ``||B r||``; options may select ``-ksp_norm_type
@@ -722,9 +755,10 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm,
     A tolerance below the normwise backward-error floor ``4 eps (||A||_inf ||x|| + ||b||)``
     is met at that floor when the true residual is also at most ``sqrt(eps) ||b||`` (SciPy's CG
     reports success there too; :attr:`SolveInfo.floor`).
+    ``work``: two Vecs of ``B``'s layout to use for ``A x`` and the residual (else made here).
     Returns ``(reason, iterations, true residual norm, floor accepted at or None)``."""
     A = ksp.getOperators()[0]
-    AX, R = B.duplicate(), B.duplicate()
+    AX, R = (B.duplicate(), B.duplicate()) if work is None else work
     backward = accepted = None
     try:
         for rounds in range(_VERIFY_ROUNDS + 1):
@@ -757,7 +791,8 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm,
             its += int(ksp.getIterationNumber())
             reason = reason_name(ksp.getConvergedReason())
     finally:
-        AX.destroy(), R.destroy()
+        if work is None:
+            AX.destroy(), R.destroy()
     return reason, its, float(true), accepted
 
 

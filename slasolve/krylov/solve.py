@@ -12,8 +12,10 @@ from numbers import Integral, Real
 from typing import Callable, Optional, Tuple, Union
 
 import torch
+from mpi4py import MPI
 
 from .. import _log
+from ..dsparse import DSparseTensor
 from .._comm import check_collective, options_key, user_code
 from ..registry import BACKENDS, KRYLOV_METHODS, default_backend, solve_method, solve_method_names
 from .adjoint import AdjointSolve, forward_solve
@@ -87,11 +89,12 @@ def _solver(dA, settings, pc, petsc_options, **replace):
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, Integral) and not isinstance(v, bool)
+    return type(v) is int or isinstance(v, Integral) and not isinstance(v, bool)
 
 
 def _is_real(v) -> bool:
-    return isinstance(v, Real) and not isinstance(v, bool) or \
+    # float and int first: the ABC checks cost a Python-level __instancecheck__ each
+    return type(v) is float or type(v) is int or isinstance(v, Real) and not isinstance(v, bool) or \
         (isinstance(v, torch.Tensor) and v.numel() == 1 and not v.is_complex())
 
 
@@ -144,8 +147,6 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
               options_prefix, return_info, raise_on_fail, reuse_pc, near_nullspace=None):
     """Collective. Normalise ``A`` and check every argument with ONE check_collective,
     whose ``agree`` part makes every rank raise when the settings differ between ranks."""
-    from mpi4py import MPI
-    from ..dsparse import DSparseTensor
     dA, err = None, None
     try:
         dA = as_row_shard(A)

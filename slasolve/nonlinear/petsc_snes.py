@@ -125,9 +125,9 @@ class _Callbacks:
         """Collective (one small Allreduce) when ``first`` is pending: is u == u0 on every rank?"""
         if first is None:
             return False
-        from .._comm import allreduce_max
-        differs = not torch.equal(u, self.u0)
-        return not bool(allreduce_max(self.prob.comm, torch.tensor([float(differs)]))[0])
+        from mpi4py import MPI
+        from .._comm import allreduce_int
+        return not allreduce_int(self.prob.comm, int(not torch.equal(u, self.u0)), MPI.MAX)
 
     def function(self, snes, X, F) -> None:
         u = self._u(X)
@@ -333,7 +333,8 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     ok = False
     try:
         try:
-            snes.solve(None, X)
+            with torch.no_grad():   # the callbacks record no graph: one mode switch for all of them
+                snes.solve(None, X)
         except PETSc.Error:
             if cb.error is not None:
                 raise cb.error from None

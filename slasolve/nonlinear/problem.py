@@ -39,6 +39,8 @@ class Problem:
         """Local. ``(fn(u, *params), None)`` without autograd, or ``(None, exception)``: the
         caller combines it across ranks (user code raising on one rank ends it everywhere)."""
         try:
+            if not torch.is_grad_enabled():   # inside the Newton iterations (see petsc_snes)
+                return fn(u, *self.params), None
             with torch.no_grad():
                 return fn(u, *self.params), None
         except Exception as e:  # noqa: BLE001 - user code
