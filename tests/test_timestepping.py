@@ -276,3 +276,22 @@ def test_bad_arguments_raise_on_every_rank():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="already"):
         loss.backward()
+
+
+@pytest.mark.petsc
+@pytest.mark.parametrize("checkpoints", [None, 2])
+def test_nonfinite_source_raises_on_every_rank(checkpoints):
+    """The direct steps' batched checks (one reduction per sweep): a NaN source on one rank
+    at one step raises ValueError on every rank at the end of the forward sweep, never a
+    result (full storage and checkpointed)."""
+    needs_schedules()
+    dM, dK, x = distributed()
+
+    def src(t, q):
+        bad = COMM.rank == COMM.size - 1 and abs(t - 0.03) < 1e-12
+        return q * float("nan") if bad else q
+
+    P = LinearTimeProblem(dM, dK, src, scheme="be", method="direct")
+    q = torch.sin(3 * x).requires_grad_(True)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        integrate(P, torch.cos(2 * x), q, dt=0.01, n_steps=6, checkpoints=checkpoints)

@@ -201,6 +201,13 @@ class _Run:
         self.info.peak_stored_states = max(self.info.peak_stored_states, cur)
 
 
+def _flush(stepper) -> None:
+    """Collective. The stepper's batched solve checks (raise on every rank if one failed)."""
+    flush = getattr(stepper, "flush", None)
+    if flush is not None:
+        flush()
+
+
 def _want(t) -> bool:
     return isinstance(t, torch.Tensor) and t.requires_grad
 
@@ -219,6 +226,7 @@ class _Trajectory(torch.autograd.Function):
                 break
             else:  # pragma: no cover - schedules start with forward actions
                 raise RuntimeError(f"checkpoint schedule: unexpected action {a} before the end of the forward")
+        _flush(run.stepper)
         run.info.forward_time += time.perf_counter() - t_start
         ctx.run = run
         ctx.save_for_backward(u0, *tensors)
@@ -280,6 +288,7 @@ class _Trajectory(torch.autograd.Function):
                     run.store.pop_dep(n0)
             elif kind == "end_reverse":
                 break
+        _flush(run.stepper)
         run.store.close()
         run.actions = None
         st = run.stepper
