@@ -32,6 +32,7 @@ import torch
 from .._comm import allreduce_max, check_collective, user_code
 from ..autograd import matvec_value_grad
 from ..dsparse import DSparseTensor
+from ..layout import forward_product
 from .schemes import Scheme, scheme as make_scheme
 
 __all__ = ["LinearTimeProblem", "CHECK_BATCH"]
@@ -123,8 +124,10 @@ class _Paired:
         return new
 
     def product(self, u: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Collective. ``(M u, K u)``."""
-        y = self.W.matvec(u).reshape(-1, 2)
+        """Collective. ``(M u, K u)`` (no autograd: the steps run under no_grad)."""
+        # the states are integrate's (u0 checked there) or the solves': no check, no exchange to poison
+        y, _ = forward_product(self.W._layout, self.W.values, u.detach().to(self.W.dtype))
+        y = y.reshape(-1, 2)
         return y[:, 0], y[:, 1]
 
 
