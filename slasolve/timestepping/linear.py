@@ -17,9 +17,9 @@ rows are interleaved into one ``2N x N`` row shard whose product is ``(M u, K u)
 ``(M^T mu, K^T mu)`` when both are exactly symmetric), and ``(M u_n, K u_n)``, computed after
 the solve for ``u_n``, serve the next step's right-hand side. With
 ``method="direct"`` the factors are those of values this problem owns (formed in
-:meth:`LinearTimeProblem.begin`), so a step calls the backend's solve alone; its backward-error
+``LinearTimeProblem.begin``), so a step calls the backend's solve alone; its backward-error
 check (:data:`slasolve.direct.BACKWARD_ERROR_TOL`, as every direct solve) uses those products,
-and the checks of up to :data:`CHECK_BATCH` solves share one reduction (at the latest at the end
+and the checks of up to ``CHECK_BATCH`` solves share one reduction (at the latest at the end
 of each sweep, before anything is returned).
 """
 from __future__ import annotations
