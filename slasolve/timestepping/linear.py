@@ -220,6 +220,12 @@ class LinearTimeProblem:
         """Local. Past states a step reads (1; BDF2: 2)."""
         return self.scheme.history
 
+    def adjoint_needs_states(self, want_inputs) -> bool:
+        """Local. Whether :meth:`adjoint` reads the states: only for the gradients of ``M``'s or
+        ``K``'s values (``want_inputs``); ``u0``'s and the source params' need ``mu`` alone (the
+        source does not depend on the state)."""
+        return any(want_inputs)
+
     def inputs(self) -> Tuple[torch.Tensor, ...]:
         """Local. The tensors besides ``u0`` and ``params`` that the trajectory depends on."""
         return (self.M.values, self.K.values)
@@ -363,12 +369,14 @@ class LinearTimeProblem:
 
     def adjoint(self, state, u_new, n: int, t0: float, lam: torch.Tensor, params, want_inputs, want_params):
         """Collective. The adjoint of step ``n``: given ``lam = dL/du_{n+1}``, return
-        ``(dL/dstate, dL/d(M.values, K.values), dL/dparams)`` of this step (None where not wanted)."""
+        ``(dL/dstate, dL/d(M.values, K.values), dL/dparams)`` of this step (None where not wanted).
+        ``state`` and ``u_new`` may be None when the values' gradients are not wanted
+        (:meth:`adjoint_needs_states`)."""
         dt = self._dt
         alpha, beta = self.scheme.coefficients(n)
         mu = self._solve_transposed(n, lam)
         k = len(alpha) - 1
-        d_state = [None] * len(state)
+        d_state = [None] * k
         MTmu, KTmu = self._paired_product(mu, True)
         F = self._ops[(alpha[0], beta[0])][1]
         if F is not None:
