@@ -12,6 +12,9 @@ all steps; loss ``sum(u_N^2)``, gradient with respect to ``u0`` and ``q``. Each 
 forward seconds per step (the first sweep) and, with full storage, the adjoint seconds per
 step (``backward_time / N``: one transposed solve and the products per step).
 
+``--compare --baseline ROOT`` adds the same slasolve runs importing the checkout at ``ROOT``
+(before / after a change, alternated in the same run).
+
 ``--compare``: side by side with dolfin-adjoint 2023.0 on legacy DOLFIN 2019.2 (optional: made by
 ``bench/install_peers.sh`` in ``.venv-dolfin-adjoint``; skipped with a message without it), the
 same heat-equation inverse problem on both sides:
@@ -113,6 +116,8 @@ def compare_worker(n: int, steps: int, snapshots: int, t_end: float, kappa: floa
     from slasolve.fem import Assembler, box_mesh
     from slasolve.timestepping import LinearTimeProblem, integrate
 
+    # the imports' own footprint (the interpreter, torch, petsc4py, mpi4py, slasolve, ...)
+    imports_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     torch.set_default_dtype(torch.float64)
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
@@ -158,6 +163,8 @@ def compare_worker(n: int, steps: int, snapshots: int, t_end: float, kappa: floa
     res["forward_s"], res["gradient_s"] = max_over_ranks(res["forward_s"]), max_over_ranks(res["gradient_s"])
     res["peak_mib_max_rank"] = max_over_ranks(peak)
     res["extra_peak_mib_max_rank"] = max_over_ranks(peak - floor)
+    res["imports_mib_max_rank"] = max_over_ranks(imports_mib)
+    res["over_imports_mib_max_rank"] = max_over_ranks(peak - imports_mib)
     # the steps alone (no recomputation with full storage): info's forward sweep and backward
     res["forward_s_per_step"] = max_over_ranks(info.forward_time) / steps
     res["adjoint_s_per_step"] = (max_over_ranks(info.backward_time) / steps) if ck is None else None
@@ -211,13 +218,19 @@ def compare(a) -> dict:
                               str(int(fd))]}
     if a.no_full_storage:
         del contenders["slasolve full storage"]
+    if a.baseline:
+        # the same worker (this file) importing another checkout's slasolve: before / after in one run
+        contenders[f"baseline {a.compare_snapshots} snapshots"] = contenders[f"slasolve {a.compare_snapshots} snapshots"]
+        if not a.no_full_storage:
+            contenders["baseline full storage"] = contenders["slasolve full storage"]
+    base_env = dict(env, PYTHONPATH=(a.baseline or "") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if not why:
         contenders["dolfin-adjoint"] = lambda fd: [PEER_PYTHON, PEER_WORKER, base[0], base[1], str(a.t_end),
                                                    str(a.kappa)] + (["--fd"] if fd else [])
     out = {"problem": {"n": a.n, "steps": a.compare_steps[0], "t_end": a.t_end, "kappa": a.kappa,
                        "scheme": "backward Euler", "element": "P1 triangles", "snapshots": a.compare_snapshots},
            "machine": {"cores": os.cpu_count(), "load_average_at_start": os.getloadavg()},
-           "peer_skipped": why or None, "runs": []}
+           "peer_skipped": why or None, "baseline": a.baseline, "runs": []}
     names = list(contenders)
     for ranks in a.ranks:
         rows = {k: [] for k in names}
@@ -225,7 +238,8 @@ def compare(a) -> dict:
             order = names if trial % 2 == 0 else names[::-1]
             for name in order:
                 fd = trial == 0 and not a.no_fd
-                r = _launch(contenders[name](fd), ranks, peer_env if name == "dolfin-adjoint" else env)
+                r = _launch(contenders[name](fd), ranks, peer_env if name == "dolfin-adjoint" else
+                            base_env if name.startswith("baseline") else env)
                 rows[name].append(r)
                 print(f"ranks {ranks} trial {trial} {name:>24}: {r['wall_s']:.2f} s (forward {r['forward_s']:.2f}, "
                       f"gradient {r['gradient_s']:.2f}), peak {r['peak_mib_max_rank']:.0f} MiB "
@@ -238,6 +252,8 @@ def compare(a) -> dict:
                 "wall_s_median": statistics.median(r["wall_s"] for r in rs),
                 "peak_mib_max_rank": max(r["peak_mib_max_rank"] for r in rs),
                 "extra_peak_mib_max_rank": max(r["extra_peak_mib_max_rank"] for r in rs),
+                "imports_mib_max_rank": max(r.get("imports_mib_max_rank", float("nan")) for r in rs),
+                "over_imports_mib_max_rank": max(r.get("over_imports_mib_max_rank", float("nan")) for r in rs),
                 "loss": rs[0]["loss"], "g_dot_dq": rs[0]["g_dot_dq"], "g_norm": rs[0]["g_norm"],
                 "fd": rs[0].get("fd"),
                 "fd_rel_err": abs(rs[0]["g_dot_dq"] - rs[0]["fd"]) / abs(rs[0]["fd"]) if "fd" in rs[0] else None,
@@ -254,12 +270,20 @@ def compare(a) -> dict:
                 c["time_ratio_vs_dolfin_adjoint"] = {"median": statistics.median(t), "min": min(t), "max": max(t)}
                 c["peak_ratio_vs_dolfin_adjoint"] = (c["peak_mib_max_rank"]
                                                      / summary["contenders"]["dolfin-adjoint"]["peak_mib_max_rank"])
+                c["over_imports_ratio_vs_dolfin_adjoint"] = (
+                    c["over_imports_mib_max_rank"] / summary["contenders"]["dolfin-adjoint"]["over_imports_mib_max_rank"])
                 c["extra_peak_ratio_vs_dolfin_adjoint"] = (
                     c["extra_peak_mib_max_rank"] / summary["contenders"]["dolfin-adjoint"]["extra_peak_mib_max_rank"])
                 pd = summary["contenders"]["dolfin-adjoint"]
                 c["loss_rel_diff_vs_dolfin_adjoint"] = abs(c["loss"] - pd["loss"]) / abs(pd["loss"])
                 c["grad_rel_diff_vs_dolfin_adjoint"] = abs(c["g_dot_dq"] - pd["g_dot_dq"]) / abs(pd["g_dot_dq"])
                 c["grad_norm_rel_diff_vs_dolfin_adjoint"] = abs(c["g_norm"] - pd["g_norm"]) / abs(pd["g_norm"])
+        for name in names:
+            twin = "baseline" + name[len("slasolve"):]
+            if name.startswith("slasolve") and twin in rows:
+                t = [r["wall_s"] / b["wall_s"] for r, b in zip(rows[name], rows[twin])]
+                summary["contenders"][name]["time_ratio_vs_baseline"] = {"median": statistics.median(t),
+                                                                         "min": min(t), "max": max(t)}
         out["runs"].append(summary)
         _print_compare(summary)
     return out
@@ -269,12 +293,16 @@ def _print_compare(s: dict) -> None:
     print(f"\n{s['ranks']} rank(s): median wall (loss + gradient), max RSS per rank (extra over the warm floor)")
     for name, c in s["contenders"].items():
         line = (f"  {name:>24}: {c['wall_s_median']:7.2f} s, {c['peak_mib_max_rank']:6.0f} MiB "
-                f"(+{c['extra_peak_mib_max_rank']:.1f})")
+                f"(+{c['extra_peak_mib_max_rank']:.1f}; imports {c['imports_mib_max_rank']:.0f}, "
+                f"peak over imports +{c['over_imports_mib_max_rank']:.0f})")
         if "time_ratio_vs_dolfin_adjoint" in c:
             line += (f"; vs dolfin-adjoint: time {c['time_ratio_vs_dolfin_adjoint']['median']:.3f}x, peak "
                      f"{c['peak_ratio_vs_dolfin_adjoint']:.2f}x "
-                     f"(extra {c['extra_peak_ratio_vs_dolfin_adjoint']:.2f}x), "
+                     f"(extra {c['extra_peak_ratio_vs_dolfin_adjoint']:.2f}x, over imports "
+                     f"{c['over_imports_ratio_vs_dolfin_adjoint']:.2f}x), "
                      f"dJ.dq rel diff {c['grad_rel_diff_vs_dolfin_adjoint']:.1e}")
+        if "time_ratio_vs_baseline" in c:
+            line += f"; time vs baseline {c['time_ratio_vs_baseline']['median']:.3f}x"
         if c["fd_rel_err"] is not None:
             line += f"; |dJ.dq - FD| / |FD| {c['fd_rel_err']:.1e}"
         if c["adjoint_over_forward_step"]:
@@ -300,6 +328,8 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=2)
     p.add_argument("--no-fd", action="store_true", help="--compare without the finite differences (long runs)")
     p.add_argument("--no-full-storage", action="store_true", help="--compare without slasolve's full storage run")
+    p.add_argument("--baseline", default=None, metavar="ROOT",
+                   help="--compare: also run another checkout's slasolve (e.g. /work/main), alternated")
     p.add_argument("--compare-worker", nargs=6, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:

@@ -19,6 +19,9 @@ import time
 from dolfin import *  # noqa: F401,F403
 from dolfin_adjoint import *  # noqa: F401,F403
 
+# the imports' own footprint (the interpreter, DOLFIN, UFL/FFC, pyadjoint, petsc4py, ...)
+imports_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
 set_log_level(LogLevel.WARNING)
 parameters["std_out_all_processes"] = False
 
@@ -77,6 +80,8 @@ res["wall_s"] = max_over_ranks(res["forward_s"] + res["gradient_s"])
 res["forward_s"], res["gradient_s"] = max_over_ranks(res["forward_s"]), max_over_ranks(res["gradient_s"])
 res["peak_mib_max_rank"] = max_over_ranks(peak)
 res["extra_peak_mib_max_rank"] = max_over_ranks(peak - floor)
+res["imports_mib_max_rank"] = max_over_ranks(imports_mib)
+res["over_imports_mib_max_rank"] = max_over_ranks(peak - imports_mib)
 if "--fd" in sys.argv:
     h = 1e-4
     with stop_annotating():

@@ -165,7 +165,9 @@ def test_recomputations_are_the_binomial_optimum():
     for n, s in [(7, 2), (30, 3), (60, 5)]:
         assert optimal_recomputations(n, s) == F[n, s - 1]
     dM, dK, x = distributed()
-    P = LinearTimeProblem(dM, dK, scheme="be", method="cg", rtol=1e-12)
+    # K's values require grad: the adjoint reads the states (without, it stores none: test_state_free_adjoint)
+    P = LinearTimeProblem(dM, dK.with_values(dK.values.clone().requires_grad_(True)), scheme="be", method="cg",
+                          rtol=1e-12)
     for n, s in [(12, 2), (20, 4)]:
         u0 = torch.sin(np.pi * x).requires_grad_(True)
         u, info = integrate(P, u0, dt=1e-3, n_steps=n, checkpoints=s, return_info=True)
@@ -176,7 +178,8 @@ def test_recomputations_are_the_binomial_optimum():
     # one factorisation serves every forward, recomputed and adjoint step (BDF2: two matrices)
     if COMM.size == 1 or slasolve.krylov.default_backend() == "petsc":
         for sch, n_mat in (("cn", 1), ("bdf2", 2)):
-            P = LinearTimeProblem(dM, dK, scheme=sch, method="direct")
+            P = LinearTimeProblem(dM, dK.with_values(dK.values.clone().requires_grad_(True)), scheme=sch,
+                                  method="direct")
             u0 = torch.sin(np.pi * x).requires_grad_(True)
             u, info = integrate(P, u0, dt=1e-3, n_steps=12, checkpoints=3, return_info=True)
             allsum(u.sum()).backward()
@@ -276,3 +279,46 @@ def test_bad_arguments_raise_on_every_rank():
     loss.backward(retain_graph=True)
     with pytest.raises(RuntimeError, match="already"):
         loss.backward()
+
+
+@pytest.mark.petsc
+@pytest.mark.parametrize("checkpoints", [None, 2])
+def test_nonfinite_source_raises_on_every_rank(checkpoints):
+    """The direct steps' batched checks (one reduction per sweep): a NaN source on one rank
+    at one step raises ValueError on every rank at the end of the forward sweep, never a
+    result (full storage and checkpointed)."""
+    needs_schedules()
+    dM, dK, x = distributed()
+
+    def src(t, q):
+        bad = COMM.rank == COMM.size - 1 and abs(t - 0.03) < 1e-12
+        return q * float("nan") if bad else q
+
+    P = LinearTimeProblem(dM, dK, src, scheme="be", method="direct")
+    q = torch.sin(3 * x).requires_grad_(True)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        integrate(P, torch.cos(2 * x), q, dt=0.01, n_steps=6, checkpoints=checkpoints)
+
+
+@pytest.mark.parametrize("method", SOLVERS)
+@pytest.mark.parametrize("sch", ["cn", "bdf2"])
+def test_state_free_adjoint(method, sch):
+    """M and K constant: the adjoint reads no state, so integrate stores and recomputes nothing
+    whatever checkpoints asks for; the gradients of u0 and the source equal those of the
+    checkpointed schedule (run when K's values require grad) to 1e-12."""
+    needs_schedules()
+    dM, dK, x = distributed()
+    n = 16
+    grads, infos = {}, {}
+    for kind in ("free", "schedule"):
+        Kv = dK.values.clone().requires_grad_(kind == "schedule")
+        P = problem(method, sch, Kv)
+        u0, q = torch.cos(2 * x).requires_grad_(True), torch.sin(3 * x).requires_grad_(True)
+        (mid, end), info = integrate(P, u0, q, dt=0.01, n_steps=n, outputs=[5, n], checkpoints=3, return_info=True)
+        allsum((end ** 2).sum() + (mid * x).sum()).backward()
+        grads[kind], infos[kind] = torch.cat([u0.grad, q.grad]), info
+    free, ref = grads["free"], grads["schedule"]
+    assert float(allsum((free - ref).abs().max())) <= 1e-12 * float(allsum(ref.abs().max()))
+    assert infos["free"].schedule.startswith("state-free") and infos["free"].recomputed_steps == 0
+    assert infos["free"].forward_steps == n and infos["free"].adjoint_steps == n
+    assert infos["schedule"].recomputed_steps == infos["schedule"].optimal_recomputed_steps > 0

@@ -314,6 +314,25 @@ class Factorization:
 
     __call__ = solve
 
+    def solve_unchecked(self, b: torch.Tensor, transpose: bool = False) -> torch.Tensor:
+        """Collective. The backend's solve with the factors as they are, and nothing else.
+
+        No argument checks, no refactorisation when ``A``'s values changed since the last
+        factorisation, no backward-error check, no autograd. For callers that own ``A``'s
+        values and check the solutions themselves (the time steppers of
+        :mod:`slasolve.timestepping` batch the backward-error checks of a sweep into one
+        reduction, with :attr:`operator_norms` and :data:`BACKWARD_ERROR_TOL`). ``b``: this
+        rank's owned rows, ``(n_local,)`` or ``(n_local, k)``, identical dtype on every rank.
+        """
+        x = self._fac.solve(b.detach().to(torch.float64), bool(transpose))
+        return x.to(device=b.device, dtype=self._dA.dtype)
+
+    @property
+    def operator_norms(self) -> Tuple[float, float]:
+        """Local. ``(||A||_inf, ||A||_1)`` of the factorised values (the scale of the
+        backward-error check; the same on every rank)."""
+        return self._fac.norms
+
     def __repr__(self) -> str:
         return f"Factorization({self._fac.info.summary()})"
 

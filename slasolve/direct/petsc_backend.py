@@ -70,6 +70,7 @@ class PetscFactor:
         self.pc = None
         self.kind: Optional[str] = None
         self.snapshot: Optional[torch.Tensor] = None
+        self._vecs = None   # (b, x) Vecs of one column, made once: placeArray per solve (no layout set-up)
         L = dA._layout
         n = dA.global_shape[0] * L.br
         self.n_local = dA.n_local
@@ -187,6 +188,10 @@ class PetscFactor:
     def close(self) -> None:
         """Collective. Destroy the PC (factors) and the private Mat now."""
         self._drop_pc()
+        if self._vecs is not None:
+            for v in self._vecs:
+                v.destroy()
+            self._vecs = None
         if self.mat is not None:
             self.mat.destroy()
             self.mat = None
@@ -201,12 +206,16 @@ class PetscFactor:
         m, N = self.n_local, self.info.n
         if b.dim() == 1:
             arr = b.contiguous().numpy()
-            bv = PETSc.Vec().createWithArray(arr, size=(m, N), comm=self.comm)
-            xv = bv.duplicate()
-            (F.solveTranspose if transpose else F.solve)(bv, xv)
+            if self._vecs is None:
+                bv = PETSc.Vec().createMPI((m, N), comm=self.comm)
+                self._vecs = (bv, bv.duplicate())
+            bv, xv = self._vecs
+            bv.placeArray(arr)
+            try:
+                (F.solveTranspose if transpose else F.solve)(bv, xv)
+            finally:
+                bv.resetArray()
             x = torch.from_numpy(np.array(xv.getArray(readonly=True), copy=True))
-            bv.destroy()
-            xv.destroy()
         else:
             k = int(b.shape[1])
             arr = np.asfortranarray(b.numpy())

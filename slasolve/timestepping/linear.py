@@ -11,19 +11,124 @@ backward Euler start). ``A`` is formed once per integration; its factorisation
 (:func:`slasolve.solve`'s cache: the values do not change, so nothing is set up again) serve
 every step, forward and adjoint. The adjoint of a step is one transposed solve with the same
 ``A`` and products with ``M^T``, ``K^T``: no forward solve is repeated.
+
+Per step, one halo exchange serves both matrices: ``M`` and ``K`` share a pattern, so their
+rows are interleaved into one ``2N x N`` row shard whose product is ``(M u, K u)`` (and
+``(M^T mu, K^T mu)`` when both are exactly symmetric), and ``(M u_n, K u_n)``, computed after
+the solve for ``u_n``, serve the next step's right-hand side. With
+``method="direct"`` the factors are those of values this problem owns (formed in
+``LinearTimeProblem.begin``), so a step calls the backend's solve alone; its backward-error
+check (:data:`slasolve.direct.BACKWARD_ERROR_TOL`, as every direct solve) uses those products,
+and the checks of up to ``CHECK_BATCH`` solves share one reduction (at the latest at the end
+of each sweep, before anything is returned).
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
 
-from .._comm import check_collective, user_code
+from .._comm import allreduce_max, check_collective, user_code
 from ..autograd import matvec_value_grad
 from ..dsparse import DSparseTensor
+from ..layout import forward_product
 from .schemes import Scheme, scheme as make_scheme
 
-__all__ = ["LinearTimeProblem"]
+__all__ = ["LinearTimeProblem", "CHECK_BATCH"]
+
+#: direct solves whose backward-error checks share one Allreduce
+CHECK_BATCH = 256
+
+
+def _absmax(t: torch.Tensor) -> torch.Tensor:
+    # NaN propagates through max, inf through abs: a non-finite vector gives a non-finite maximum
+    return t.abs().max() if t.numel() else t.new_zeros(())
+
+
+class _SolveChecks:
+    """Collective (:meth:`add` every ``CHECK_BATCH`` calls, :meth:`flush`). The normwise
+    backward errors ``max|r| / (||A|| max|x| + max|b|)`` of direct solves, as
+    ``slasolve.direct`` checks every solve, reduced in batches: every rank records the same
+    number of solves, so every rank reduces (and raises) at the same calls."""
+
+    def __init__(self, comm, backend: str, kind: str):
+        self.comm, self.what = comm, f"{kind} factorisation ({backend})"
+        self.local: list = []
+        self.norms: list = []
+
+    def add(self, r: torch.Tensor, x: torch.Tensor, b: torch.Tensor, anorm: float) -> None:
+        with torch.no_grad():
+            self.local.append(torch.stack([_absmax(r), _absmax(x), _absmax(b)]))
+        self.norms.append(anorm)
+        if len(self.local) >= CHECK_BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.local:
+            return
+        from ..direct import BACKWARD_ERROR_TOL, FactorizationError
+        loc = torch.nan_to_num(torch.stack(self.local).to(torch.float64), nan=math.inf)
+        glob = allreduce_max(self.comm, loc.reshape(-1)).reshape(loc.shape)
+        anorm = torch.tensor(self.norms, dtype=torch.float64)
+        self.local, self.norms = [], []
+        rn, xn, bn = glob[:, 0], glob[:, 1], glob[:, 2]
+        denom = anorm * xn + bn
+        berr = torch.where(denom > 0, rn / torch.where(denom > 0, denom, torch.ones_like(denom)),
+                           torch.where(rn > 0, torch.full_like(rn, math.inf), torch.zeros_like(rn)))
+        worst = float(berr.max())
+        if not bool(torch.isfinite(bn).all()):
+            raise ValueError("time step solve: the right-hand side has NaN or infinite entries (from the "
+                             "source, the state or the adjoint's loss gradient)")
+        nonfinite = not bool(torch.isfinite(xn).all())
+        if nonfinite or not worst <= BACKWARD_ERROR_TOL:
+            what = "non-finite entries" if nonfinite else f"backward error {worst:.3e}"
+            # every rank holds the same reduced numbers: every rank raises
+            raise FactorizationError(f"time step solve: the {self.what} gave a solution with {what} "
+                                     f"(> {BACKWARD_ERROR_TOL:.1e}): the step matrix is singular or too "
+                                     "ill-conditioned for this factorisation")
+
+
+class _Paired:
+    """Collective (constructor). ``M`` and ``K`` (one pattern, scalar entries) as one
+    ``2N x N`` row shard ``W`` whose rows ``2i``, ``2i + 1`` are row ``i`` of ``M`` and of ``K``:
+    ``W u`` is ``(M u, K u)`` interleaved, one halo exchange and one CSR product for both."""
+
+    def __init__(self, Md: DSparseTensor, Kd: DSparseTensor):
+        indptr, indices, _ = Md.local_rows_csr()
+        n, nnz = indptr.numel() - 1, indices.numel()
+        counts = indptr[1:] - indptr[:-1]
+        wptr = torch.zeros(2 * n + 1, dtype=torch.int64, device=indptr.device)
+        wptr[1:] = torch.cumsum(torch.repeat_interleave(counts, 2), 0)
+        row = torch.repeat_interleave(torch.arange(n, device=indptr.device), counts)
+        within = torch.arange(nnz, device=indptr.device) - indptr[row]
+        self.pos_m, self.pos_k = wptr[2 * row] + within, wptr[2 * row + 1] + within
+        widx = torch.empty(2 * nnz, dtype=indices.dtype, device=indices.device)
+        widx[self.pos_m], widx[self.pos_k] = indices, indices
+        N = Md.global_shape[0]
+        # rows already sorted per row (those of M): from_local_rows keeps the arrays as given
+        self.W = DSparseTensor.from_local_rows(wptr, widx, self._values(Md, Kd), (2 * N, N), Md.comm,
+                                               n_local_cols=Md.n_local)
+
+    def _values(self, Md: DSparseTensor, Kd: DSparseTensor) -> torch.Tensor:
+        m = Md.values
+        w = m.new_empty(2 * m.shape[0])
+        w[self.pos_m], w[self.pos_k] = m, Kd.values
+        return w
+
+    def refilled(self, Md: DSparseTensor, Kd: DSparseTensor) -> "_Paired":
+        """Collective. The same pairing with new values (same patterns)."""
+        import copy
+        new = copy.copy(self)
+        new.W = self.W.with_values(self._values(Md, Kd))
+        return new
+
+    def product(self, u: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Collective. ``(M u, K u)`` (no autograd: the steps run under no_grad)."""
+        # the states are integrate's (u0 checked there) or the solves': no check, no exchange to poison
+        y, _ = forward_product(self.W._layout, self.W.values, u.detach().to(self.W.dtype))
+        y = y.reshape(-1, 2)
+        return y[:, 0], y[:, 1]
 
 
 def _same_pattern(M: DSparseTensor, K: DSparseTensor) -> bool:
@@ -105,6 +210,7 @@ class LinearTimeProblem:
         self.n_local = M.n_local
         self.dtype = M.dtype
         self._ops: Dict[tuple, tuple] = {}
+        self._pairs = None   # ((M's layout, K's layout), the _Paired of the last begin)
         self.linear_solves = 0
         self.transposed_solves = 0
 
@@ -113,6 +219,12 @@ class LinearTimeProblem:
     def history(self) -> int:
         """Local. Past states a step reads (1; BDF2: 2)."""
         return self.scheme.history
+
+    def adjoint_needs_states(self, want_inputs) -> bool:
+        """Local. Whether :meth:`adjoint` reads the states: only for the gradients of ``M``'s or
+        ``K``'s values (``want_inputs``); ``u0``'s and the source params' need ``mu`` alone (the
+        source does not depend on the state)."""
+        return any(want_inputs)
 
     def inputs(self) -> Tuple[torch.Tensor, ...]:
         """Local. The tensors besides ``u0`` and ``params`` that the trajectory depends on."""
@@ -132,7 +244,46 @@ class LinearTimeProblem:
             key = (alpha[0], beta[0])
             if key not in st._ops:
                 st._ops[key] = st._operator(alpha[0], beta[0] * st._dt, first=not st._ops)
+        st._MK = None
+        if not self.M.block_shape:
+            key = (self.M._layout, self.K._layout)
+            same = self._pairs is not None and self._pairs[0][0] is key[0] and self._pairs[0][1] is key[1]
+            st._MK = self._pairs[1].refilled(st._Md, st._Kd) if same else _Paired(st._Md, st._Kd)
+            self._pairs = (key, st._MK)
+        # symmetric M and K: (M^T mu, K^T mu) is the paired product too
+        from ..symmetry import exactly_symmetric
+        st._symmetric = st._MK is not None and exactly_symmetric(st._Md) and exactly_symmetric(st._Kd)
+        st._products = []     # [(u, M u, K u)] of the latest states (the next step's right-hand side)
+        F = next(iter(st._ops.values()))[1]
+        st._checks = None if F is None else _SolveChecks(self.comm, F.info.backend, F.info.factorization or "")
         return st
+
+    def _pair(self, u: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Collective (one halo exchange; none when ``u`` is one of the latest states).
+        ``(M u, K u)``."""
+        for v, Mu, Ku in self._products:
+            if v is u:
+                return Mu, Ku
+        Mu, Ku = self._paired_product(u, False)
+        self._products.append((u, Mu, Ku))
+        if len(self._products) > self.scheme.history + 1:
+            self._products.pop(0)
+        return Mu, Ku
+
+    def _paired_product(self, v: torch.Tensor, transpose: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Collective (one halo exchange when paired, else two). ``(M v, K v)``, or
+        ``(M^T v, K^T v)``."""
+        if self._MK is not None and (self._symmetric or not transpose):
+            return self._MK.product(v)
+        if transpose:
+            return self._Md.rmatvec(v), self._Kd.rmatvec(v)
+        return self._Md.matvec(v), self._Kd.matvec(v)
+
+    def flush(self) -> None:
+        """Collective. Raise :class:`slasolve.direct.FactorizationError` on every rank when a
+        direct solve since the last flush failed its backward-error check."""
+        if getattr(self, "_checks", None) is not None:
+            self._checks.flush()
 
     def _operator(self, a: float, b: float, first: bool):
         """Collective. ``A = a M + b K`` and what solves with it: a Factorization, or the
@@ -160,7 +311,10 @@ class LinearTimeProblem:
         A, F = self._ops[(alpha[0], beta[0])]
         self.linear_solves += 1
         if F is not None:
-            return F(rhs)
+            x = F.solve_unchecked(rhs)
+            Mx, Kx = self._pair(x)   # the check's A x, and the next step's right-hand side
+            self._checks.add(rhs - (alpha[0] * Mx + (self._dt * beta[0]) * Kx), x, rhs, F.operator_norms[0])
+            return x
         from ..krylov.solve import solve
         return solve(A, rhs, self.method, pc=self.pc, rtol=self.rtol, backend=self.backend, x0=x0,
                      **self.solver_options)
@@ -170,7 +324,7 @@ class LinearTimeProblem:
         A, F = self._ops[(alpha[0], beta[0])]
         self.transposed_solves += 1
         if F is not None:
-            return F.solve(g, transpose=True)
+            return F.solve_unchecked(g, transpose=True)
         from ..krylov.solve import solve
         # A^{-T} g is the adjoint of x = A^{-1} b at b = 0, which costs nothing (b == 0 returns
         # x = 0 at once): slasolve.solve's own transposed solve with the forward's cached solver
@@ -198,11 +352,14 @@ class LinearTimeProblem:
         dt = self._dt
         alpha, beta = self.scheme.coefficients(n)
         with torch.no_grad():
-            VM = sum(alpha[j] * state[j - 1] for j in range(1, len(alpha)) if alpha[j] != 0.0)
-            VK = [dt * beta[j] * state[j - 1] for j in range(1, len(beta)) if beta[j] != 0.0]
-            rhs = -(self._Md @ VM)
-            if VK:
-                rhs = rhs - self._Kd @ sum(VK)
+            rhs = torch.zeros_like(state[0])
+            for j in range(1, len(alpha)):
+                if alpha[j] != 0.0 or beta[j] != 0.0:
+                    Mu, Ku = self._pair(state[j - 1])
+                    if alpha[j] != 0.0:
+                        rhs = rhs - alpha[j] * Mu
+                    if beta[j] != 0.0:
+                        rhs = rhs - (dt * beta[j]) * Ku
             for j, bj in enumerate(beta):
                 if bj != 0.0:
                     f = self._f(t0 + (n + 1 - j) * dt, params)
@@ -212,15 +369,18 @@ class LinearTimeProblem:
 
     def adjoint(self, state, u_new, n: int, t0: float, lam: torch.Tensor, params, want_inputs, want_params):
         """Collective. The adjoint of step ``n``: given ``lam = dL/du_{n+1}``, return
-        ``(dL/dstate, dL/d(M.values, K.values), dL/dparams)`` of this step (None where not wanted)."""
+        ``(dL/dstate, dL/d(M.values, K.values), dL/dparams)`` of this step (None where not wanted).
+        ``state`` and ``u_new`` may be None when the values' gradients are not wanted
+        (:meth:`adjoint_needs_states`)."""
         dt = self._dt
         alpha, beta = self.scheme.coefficients(n)
         mu = self._solve_transposed(n, lam)
         k = len(alpha) - 1
-        d_state = [None] * len(state)
-        need_K = any(beta[j] != 0.0 for j in range(1, k + 1))
-        MTmu = self._Md.rmatvec(mu)
-        KTmu = self._Kd.rmatvec(mu) if need_K else None
+        d_state = [None] * k
+        MTmu, KTmu = self._paired_product(mu, True)
+        F = self._ops[(alpha[0], beta[0])][1]
+        if F is not None:
+            self._checks.add(lam - (alpha[0] * MTmu + (dt * beta[0]) * KTmu), mu, lam, F.operator_norms[1])
         for j in range(1, k + 1):
             g = None
             if alpha[j] != 0.0:

@@ -41,7 +41,7 @@ class TrajectoryInfo:
         ``forward_steps - n_steps``: steps run again by the backward.
     optimal_recomputed_steps : int or None
         The least possible with this many snapshots (Griewank-Walther binomial bound;
-        ``None`` with full storage, where it is 0).
+        ``None`` with full storage, where it is 0; 0 for a state-free adjoint).
     adjoint_steps : int
         Adjoint steps run (``n_steps`` after one backward).
     linear_solves, transposed_solves : int
@@ -201,6 +201,29 @@ class _Run:
         self.info.peak_stored_states = max(self.info.peak_stored_states, cur)
 
 
+def _adjoint_step(run: _Run, state, u_new, n: int, lam, zero, want_inputs, want_params, g_at):
+    """Collective. The adjoint of step ``n`` (``state``, ``u_new``: None for a state-free adjoint):
+    the new ``lam`` (``dL/d(u_n, u_{n-1}, ...)``) and this step's input and tensor-param parts."""
+    d_state, d_in, d_par = run.stepper.adjoint(state, u_new, n, run.t0, lam[0], run.params, want_inputs,
+                                               run.param_want(want_params))
+    k = run.k
+    new = [lam[i + 1] if i + 1 < k else zero.clone() for i in range(k)]
+    for i, d in enumerate(d_state):
+        if d is not None:
+            new[i] = new[i] + d
+    if n in g_at:
+        new[0] = new[0] + g_at[n]
+    run.info.adjoint_steps += 1
+    return new, d_in, run.tensor_part(d_par)
+
+
+def _flush(stepper) -> None:
+    """Collective. The stepper's batched solve checks (raise on every rank if one failed)."""
+    flush = getattr(stepper, "flush", None)
+    if flush is not None:
+        flush()
+
+
 def _want(t) -> bool:
     return isinstance(t, torch.Tensor) and t.requires_grad
 
@@ -219,6 +242,7 @@ class _Trajectory(torch.autograd.Function):
                 break
             else:  # pragma: no cover - schedules start with forward actions
                 raise RuntimeError(f"checkpoint schedule: unexpected action {a} before the end of the forward")
+        _flush(run.stepper)
         run.info.forward_time += time.perf_counter() - t_start
         ctx.run = run
         ctx.save_for_backward(u0, *tensors)
@@ -247,7 +271,6 @@ class _Trajectory(torch.autograd.Function):
         lam = [g_at.get(N, zero).clone()] + [zero.clone() for _ in range(k - 1)]
         d_inputs = [None] * n_inputs
         d_params = [None] * len(run.tensor_params)
-        params = run.params
 
         def acc(total, part):
             return [t if p is None else (p.clone() if t is None else t + p) for t, p in zip(total, part)]
@@ -258,28 +281,25 @@ class _Trajectory(torch.autograd.Function):
                 run.forward(a[1], a[2], a[3], a[4], a[5], first=False)
             elif kind in ("copy", "move"):
                 run.state = (a[1], run.store.get(a[2], a[1], delete=kind == "move"))
+            elif kind == "reverse_free":
+                for n in range(a[1] - 1, a[2] - 1, -1):
+                    lam, d_in, d_par = _adjoint_step(run, None, None, n, lam, zero, want_inputs, want_params, g_at)
+                    d_inputs = acc(d_inputs, d_in)
+                    d_params = acc(d_params, d_par)
             elif kind == "reverse":
                 n1, n0, clear = a[1], a[2], a[3]
                 for n in range(n1 - 1, n0 - 1, -1):
                     state, u_new = run.store.deps[n], run.store.deps[n + 1][0]
-                    d_state, d_in, d_par = run.stepper.adjoint(state, u_new, n, run.t0, lam[0], params,
-                                                               want_inputs, run.param_want(want_params))
-                    new = [lam[i + 1] if i + 1 < k else zero.clone() for i in range(k)]
-                    for i, d in enumerate(d_state):
-                        if d is not None:
-                            new[i] = new[i] + d
-                    lam = new
+                    lam, d_in, d_par = _adjoint_step(run, state, u_new, n, lam, zero, want_inputs, want_params, g_at)
                     d_inputs = acc(d_inputs, d_in)
-                    d_params = acc(d_params, run.tensor_part(d_par))
-                    if n in g_at:
-                        lam[0] = lam[0] + g_at[n]
-                    run.info.adjoint_steps += 1
+                    d_params = acc(d_params, d_par)
                     if clear:
                         run.store.pop_dep(n + 1)
                 if clear:
                     run.store.pop_dep(n0)
             elif kind == "end_reverse":
                 break
+        _flush(run.stepper)
         run.store.close()
         run.actions = None
         st = run.stepper
@@ -316,7 +336,10 @@ def integrate(problem, u0: torch.Tensor, *params, dt: float, n_steps: int, t0: f
         Default: the final state only, returned as a tensor.
     checkpoints : int, optional
         States kept in memory for the adjoint. ``None`` (default): every state (full
-        storage, no recomputation). An int ``s``: a binomial (Revolve) schedule from the
+        storage, no recomputation). Ignored when the adjoint reads no state (a
+        :class:`LinearTimeProblem` whose ``M`` and ``K`` values need no gradient: its adjoint
+        steps are transposed solves and products with ``mu`` only), which stores and
+        recomputes nothing (``info.schedule`` says so). An int ``s``: a binomial (Revolve) schedule from the
         ``checkpoint_schedules`` package, with the least number of recomputed steps for
         ``s`` snapshots (``info.optimal_recomputed_steps``); memory then grows with ``s``,
         not with ``n_steps``.
@@ -391,6 +414,10 @@ def integrate(problem, u0: torch.Tensor, *params, dt: float, n_steps: int, t0: f
     grad_on = torch.is_grad_enabled()
     tensors = list(problem.inputs())
     needs = grad_on and any(_want(t) for t in [u0] + tensors + [p for p in params if isinstance(p, torch.Tensor)])
+    # an adjoint that reads no state (a linear problem whose matrices need no gradient): no snapshots,
+    # no recomputation, whatever checkpoints asks for
+    needs_states = getattr(problem, "adjoint_needs_states", None)
+    state_free = needs and needs_states is not None and not needs_states([grad_on and _want(t) for t in tensors])
     check_collective(comm, err, agree={
         "dt": repr(dt), "n_steps": repr(n_steps), "t0": repr(t0), "outputs": repr(out_list),
         "checkpoints": repr(checkpoints), "snapshots_on_disk": repr(snapshots_on_disk), "schedule": schedule,
@@ -398,13 +425,19 @@ def integrate(problem, u0: torch.Tensor, *params, dt: float, n_steps: int, t0: f
         "return_info": bool(return_info), "dtype": str(u0.dtype)})
     stepper = problem.begin(dt)
     order = [n_steps] if out_list is None else out_list
-    if needs:
+    if state_free:
+        acts = iter([("forward", 0, n_steps, False, False, "work"), ("end_forward",),
+                     ("reverse_free", n_steps, 0), ("end_reverse",)])
+        desc = "state-free adjoint (no state stored or recomputed)"
+    elif needs:
         acts, desc = schedule_actions(n_steps, checkpoints, snapshots_on_disk, schedule)
     else:   # nothing to differentiate: keep the current state only
         acts, desc = iter([("forward", 0, n_steps, False, False, "work"), ("end_forward",)]), "no adjoint"
     info = TrajectoryInfo(n_steps=n_steps, dt=float(dt), t0=float(t0), schedule=desc,
                           snapshots=checkpoints if needs else None, _stepper=stepper)
-    if needs and checkpoints is not None:
+    if state_free:
+        info.optimal_recomputed_steps = 0
+    elif needs and checkpoints is not None:
         info.optimal_recomputed_steps = optimal_recomputations(n_steps, min(checkpoints + snapshots_on_disk,
                                                                              max(n_steps - 1, 1)))
     run = _Run(stepper, n_steps, float(t0), params, acts, info, order, comm)
