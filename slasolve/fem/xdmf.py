@@ -44,7 +44,7 @@ from mpi4py import MPI
 
 from .._comm import check_collective, get_comm, settings_digest
 from .cells import CELL_DIM, CELL_FACETS, CELL_VERTICES
-from .mesh import Mesh, _balanced_split, _np, register_mesh_reader
+from .mesh import Mesh, _balanced_split, _np, _meshio_arrays, register_mesh_reader
 
 if TYPE_CHECKING:
     from ..dsparse import DSparseTensor
@@ -478,35 +478,41 @@ class _Index:
         if root.tag != "Xdmf" or domain is None:
             raise ValueError(f"{path!r} is not an XDMF file (no Xdmf/Domain)")
         grids = [g for g in domain.findall("Grid") if g.get("GridType", "Uniform") == "Uniform"]
-        self.mesh_grid, self.cell_type = None, None
-        for g in grids:
-            t = g.find("Topology")
-            kind = (t.get("TopologyType") or t.get("Type") or "").lower() if t is not None else ""
-            if kind in _FROM_XDMF and (self.cell_type is None or CELL_DIM[_FROM_XDMF[kind]] > CELL_DIM[self.cell_type]):
-                self.mesh_grid, self.cell_type = g, _FROM_XDMF[kind]
-        if self.mesh_grid is None and any((g.find("Topology") is not None and (
-                g.find("Topology").get("TopologyType") or "").lower() == "mixed") for g in grids):
+        kinds = [((g.find("Topology").get("TopologyType") or g.find("Topology").get("Type") or "").lower()
+                  if g.find("Topology") is not None else "") for g in grids]
+        volume = [(g, _FROM_XDMF[k]) for g, k in zip(grids, kinds) if k in _FROM_XDMF]
+        if not volume and "mixed" in kinds:
             raise SerialOnlyXdmf(f"{path!r}: a Mixed topology (several cell blocks)")
-        if self.mesh_grid is None:
-            kinds = sorted({(g.find("Topology").get("TopologyType") or "?") for g in grids
-                            if g.find("Topology") is not None})
+        if not volume:
             raise ValueError(f"{path!r}: no grid of a supported cell type (triangle, quadrilateral, tetrahedron, "
-                             f"hexahedron); found topologies {kinds}")
+                             f"hexahedron); found topologies {sorted(set(kinds) - {''})}")
+        tdim = max(CELL_DIM[ct] for _, ct in volume)
+        top = [(g, ct) for g, ct in volume if CELL_DIM[ct] == tdim]
+        if len({ct for _, ct in top}) > 1:
+            raise ValueError(f"{path!r} mixes {tdim}-D cell types "
+                             f"{sorted({(g.get('Name') or '?') + ': ' + ct for g, ct in top})}: a Mesh holds one "
+                             f"cell type; write one file (or one grid) per type")
+        # the mesh: the first top-dimensional grid with a Geometry of its own; grids of the same
+        # cell type that include another's Geometry (DOLFINx's write_meshtags) carry cell tags
+        own = [(g, ct) for g, ct in top if g.find("Geometry") is not None]
+        self.mesh_grid, self.cell_type = own[0] if own else top[0]
         self.topology = self._item(self.mesh_grid.find("Topology"))
         geo = self.mesh_grid.find("Geometry")
         gtype = (geo.get("GeometryType") or geo.get("Type") or "XYZ") if geo is not None else None
         if geo is None or gtype not in ("XY", "XYZ"):
             raise ValueError(f"{path!r}: the mesh grid needs a Geometry of type XY or XYZ, got {gtype}")
         self.geometry = self._item(geo)
-        self.facet_tags = None
+        self.facet_tags, self.cell_tag_grid = None, None
         nfv = len(CELL_FACETS[self.cell_type][0])
-        for g in grids:
+        for g, k in zip(grids, kinds):
             t = g.find("Topology")
             a = g.find("Attribute")
-            if g is self.mesh_grid or t is None or a is None:
+            if g is self.mesh_grid or t is None or a is None or (a.get("Center") or "Node") != "Cell":
                 continue
-            if _FACET_XDMF.get((t.get("TopologyType") or "").lower()) == nfv and self.facet_tags is None:
+            if _FACET_XDMF.get(k) == nfv and self.facet_tags is None:
                 self.facet_tags = (self._item(t), self._item(a))
+            elif _FROM_XDMF.get(k) == self.cell_type and g.find("Geometry") is None and self.cell_tag_grid is None:
+                self.cell_tag_grid = (self._item(t), self._item(a))
         self.cell_tags = None
         for a in self.mesh_grid.findall("Attribute"):
             if a.get("Center") == "Cell" and a.get("Name") in ("cell_tags", "gmsh:physical", "cell_markers"):
@@ -682,6 +688,23 @@ def read_xdmf_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = Non
         cell_tags = np.asarray(cell_tags).reshape(-1)
         check_collective(comm, None if np.issubdtype(cell_tags.dtype, np.integer) else ValueError(
             f"{what}: cell tags must be integers, got {cell_tags.dtype}"))
+    if cell_tags is None and idx.cell_tag_grid is not None:     # DOLFINx: tags in a grid of their own, by vertex sets
+        from .distribute import match_cell_tags
+
+        (nct, nv_t), tcells, trows = _read_rows(comm, idx.cell_tag_grid[0], what)
+        _, tvals, _ = _read_rows(comm, idx.cell_tag_grid[1], what, n_expect=nct, rows=trows)
+        tvals = np.asarray(tvals).reshape(-1)
+        err = None
+        if nv_t != nv:
+            err = ValueError(f"{what}: the cell tags' topology has {nv_t} nodes per cell, the mesh {nv}")
+        elif tvals.shape[0] != tcells.shape[0] or not np.issubdtype(tvals.dtype, np.integer):
+            err = ValueError(f"{what}: cell tags must be one integer per tagged cell, got {tvals.dtype} "
+                             f"of shape {tvals.shape}")
+        elif tcells.size and (tcells.min() < 0 or tcells.max() >= n_points):
+            err = ValueError(f"{what}: cell tags refer to points outside 0..{n_points - 1}")
+        check_collective(comm, err)
+        cell_tags = match_cell_tags(comm, np.asarray(cells, np.int64), np.asarray(tcells, np.int64), tvals,
+                                    n_points, what)
     facet_tags = None
     if idx.facet_tags is not None:
         (nft, nfv), fv, frows = _read_rows(comm, idx.facet_tags[0], what)
@@ -887,52 +910,6 @@ def read_matrix(path: Union[str, os.PathLike], mesh: Mesh, name: str) -> "DSpars
 
 
 # --------------------------------------------------------------------------- conversion
-_MESHIO_FACET = {"triangle": "line", "quad": "line", "tetra": "triangle", "hexahedron": "quad"}
-_TAG_KEYS = ("gmsh:physical", "cell_tags", "medit:ref")
-
-
-def _meshio_to_arrays(src: str):
-    """Rank 0: cells, points, cell tags and facet tags of a meshio-readable file."""
-    from .cells import MESHIO_DIM
-    from .mesh import _meshio_read
-
-    if not os.path.exists(src):
-        raise FileNotFoundError(f"convert_mesh: no such file: {src!r}")
-    m = _meshio_read(src)
-    blocks = [(i, b.type, np.asarray(b.data)) for i, b in enumerate(m.cells) if len(b.data)]
-    if not blocks:
-        raise ValueError(f"convert_mesh: {src!r} contains no cells")
-    tdim = max(MESHIO_DIM.get(t, -1) for _, t, _ in blocks)
-    types = sorted({t for _, t, _ in blocks if MESHIO_DIM.get(t, -1) == tdim})
-    if len(types) != 1 or types[0] not in CELL_DIM:
-        raise ValueError(f"convert_mesh: {src!r} has {tdim}-D cells of type(s) {types}; supported: one of "
-                         f"triangle, quad, tetra, hexahedron (P1/Q1; no higher-order or mixed volume cells)")
-    ct = types[0]
-    ftype = _MESHIO_FACET[ct]
-    lower = sorted({t for _, t, _ in blocks if MESHIO_DIM.get(t, -1) == tdim - 1})
-    if any(t != ftype for t in lower):
-        raise ValueError(f"convert_mesh: {src!r} has facet elements {lower}; {ct} meshes need {ftype!r} facets")
-    key = next((k for k in _TAG_KEYS if k in m.cell_data), None)
-
-    def gather(kind):
-        sel = [(i, d) for i, t, d in blocks if t == kind]
-        cells = np.concatenate([d for _, d in sel]).astype(np.int64) if sel else None
-        tags = None
-        if key is not None and sel:
-            tags = np.concatenate([np.asarray(m.cell_data[key][i]).reshape(-1) for i, _ in sel]).astype(np.int32)
-        return cells, tags
-
-    cells, ctags = gather(ct)
-    fcells, ftags = gather(ftype)
-    points = np.asarray(m.points, dtype=np.float64)
-    dim = CELL_DIM[ct]
-    if points.shape[1] > dim and np.all(points[:, dim:] == points[:1, dim:]):
-        points = points[:, :dim]
-    if fcells is not None and ftags is None:
-        fcells = None     # facet elements without physical groups carry nothing to keep
-    return ct, cells, points, ctags, (None if fcells is None else (fcells, ftags))
-
-
 def convert_mesh(src: Union[str, os.PathLike], dst: Union[str, os.PathLike],
                  comm: Optional[MPI.Comm] = None) -> str:
     """Collective. Convert a mesh file (gmsh ``.msh`` v2/v4, VTK, ...) to XDMF + HDF5, once.
@@ -961,7 +938,12 @@ def convert_mesh(src: Union[str, os.PathLike], dst: Union[str, os.PathLike],
     if comm.Get_rank() == 0:
         try:
             h5py = _h5py()
-            ct, cells, points, ctags, ftags = _meshio_to_arrays(src)
+            if not os.path.exists(src):
+                raise FileNotFoundError(f"convert_mesh: no such file: {src!r}")
+            ct, cells, points, ctags, ftags = _meshio_arrays(src, "convert_mesh")
+            dim = CELL_DIM[ct]
+            if points.shape[1] > dim and np.all(points[:, dim:] == points[:1, dim:]):
+                points = points[:, :dim]
             if ftags is not None and (ftags[0].min() < 0 or ftags[0].max() >= points.shape[0]):
                 raise ValueError(f"convert_mesh: {src!r} has facets referring to missing points")
             reg = {"cell_type": ct, "dim": points.shape[1], "n_cells": int(cells.shape[0]),
