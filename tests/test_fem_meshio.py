@@ -539,6 +539,148 @@ def test_restart_matrix_on_any_rank_count(shared_dir):
             sub.Free()
 
 
+def point_field(mesh, shift):
+    """An analytic field at the owned nodes (elementwise: the same bits from the same coordinates)."""
+    x = mesh.owned_node_coords()
+    return x[:, 0] ** 2 + 3.0 * x[:, 1] + shift
+
+
+def cell_field(mesh, shift):
+    """An analytic per-cell field independent of the vertex order within a cell."""
+    x = mesh.local_cell_coords()
+    return x[:, :, 0].max(1).values + 10.0 * x[:, :, 1].min(1).values + shift
+
+
+def on_ranks(n, fn):
+    """fn(sub) on the first n ranks of COMM; its results on every rank of COMM (from rank 0)."""
+    sub = COMM.Split(0 if COMM.rank < n else MPI.UNDEFINED, COMM.rank)
+    out = None
+    if sub != MPI.COMM_NULL:
+        out = fn(sub)
+        sub.Free()
+    return COMM.bcast(out, root=0)
+
+
+def test_matrices_appended_to_a_time_series_restart_on_any_rank_count(shared_dir):
+    """A time series written on N ranks (mesh, two steps), continued on M ranks from a read_mesh
+    of it (its own partition and numbering when M != N): a step with fields and matrices
+    appended, for N -> M in (P, 1), (1, P), (P, P) and (2, P - 1) at P ranks. Read on this
+    run's ranks, every step equals the analytic fields by coordinates (bit for bit), the
+    appended matrices equal the ones the M ranks assembled (triplets in the file's ids, bit
+    for bit) and the ones reassembled on the reloaded mesh (to rounding)."""
+    path = converted(shared_dir, 2)
+    size = COMM.size
+    pairs = sorted({(size, 1), (1, size), (size, size)} | ({(2, size - 1)} if size > 2 else set()))
+    for n, m in pairs:
+        ck = os.path.join(shared_dir, f"series_{n}_{m}.xdmf")
+
+        def first_run(sub):
+            mesh = read_mesh(path, comm=sub)
+            write_xdmf(ck, mesh, point_data={"u": point_field(mesh, 0.0)}, time=0.0)
+            write_xdmf(ck, mesh, point_data={"u": point_field(mesh, 1.0)}, cell_data={"k": cell_field(mesh, 1.0)},
+                       time=0.5, append=True)
+
+        def restart(sub):
+            mesh = read_mesh(ck, comm=sub)
+            assert torch.equal(read_point_data(ck, mesh, "u", step=-1), point_field(mesh, 1.0))
+            kappa = read_cell_data(ck, mesh, "k", step=-1)
+            assert torch.equal(kappa, cell_field(mesh, 1.0))
+            V = Assembler(mesh)
+            A, B = system_matrix(mesh, V, kappa), block_matrix(mesh, kappa)
+            write_xdmf(ck, mesh, point_data={"u": point_field(mesh, 2.0)}, cell_data={"k": cell_field(mesh, 2.0)},
+                       time=1.0, append=True, matrices={"A": A, "B": B})
+            to_file = file_id_map(mesh)
+            return triplets(A, to_file), triplets(B, to_file)
+
+        on_ranks(n, first_run)
+        saved = on_ranks(m, restart)
+        mesh = read_mesh(ck, comm=COMM)
+        assert xdmf_steps(ck) == [0.0, 0.5, 1.0]
+        for step, shift in ((0, 0.0), (1, 1.0), (2, 2.0)):
+            assert torch.equal(read_point_data(ck, mesh, "u", step=step), point_field(mesh, shift)), (n, m)
+        for step, shift in ((1, 1.0), (-1, 2.0)):
+            assert torch.equal(read_cell_data(ck, mesh, "k", step=step), cell_field(mesh, shift)), (n, m)
+        A, B = read_matrix(ck, mesh, "A", step=-1), read_matrix(ck, mesh, "B", step=2)
+        to_file = file_id_map(mesh)
+        V = Assembler(mesh)
+        kappa = cell_field(mesh, 1.0)
+        for loaded, again, ref in ((A, system_matrix(mesh, V, kappa), saved[0]),
+                                   (B, block_matrix(mesh, kappa), saved[1])):
+            for a, b in zip(triplets(loaded, to_file), ref):
+                assert np.array_equal(a, b), (n, m)
+            assert torch.equal(loaded.local.indptr, again.local.indptr)
+            assert torch.equal(loaded.local.indices, again.local.indices)
+            dv = (loaded.local.values - again.local.values).abs().max()
+            assert float(dv) <= 1e-14 * float(again.local.values.abs().max()), (n, m)
+        with pytest.raises(ValueError, match=r"no such matrix in step 1 \(saved: \['A \(step 2\)', 'B \(step 2\)'\]"):
+            read_matrix(ck, mesh, "A", step=1)
+        with pytest.raises(ValueError, match="no such matrix"):
+            read_matrix(ck, mesh, "A")
+
+
+def test_append_to_another_numbering_raises(shared_dir):
+    """Appending from a mesh that is neither the file's mesh nor read from it (a mesh read from
+    another file of the same mesh, numbered differently) raises on every rank, writes nothing."""
+    a = os.path.join(shared_dir, "a.xdmf")
+    b = os.path.join(shared_dir, "b.xdmf")
+    box = box_mesh((3, 2 * COMM.size), cell="triangle", comm=COMM)
+    write_xdmf(a, box, point_data={"u": point_field(box, 0.0)})
+    other = read_mesh(a, comm=COMM, partition="block")
+    # b: the same cells, nodes numbered backwards
+    if COMM.rank == 0:
+        with h5py.File(a[:-5] + ".h5", "r") as f:
+            cells, pts = f["/Mesh/topology"][:], f["/Mesh/geometry"][:]
+        n = pts.shape[0]
+        meshio.write(b[:-5] + ".msh", meshio.Mesh(np.c_[pts[::-1], np.zeros(n)], [("triangle", n - 1 - cells)]),
+                     file_format="gmsh22", binary=False)
+    COMM.Barrier()
+    convert_mesh(b[:-5] + ".msh", b, comm=COMM)
+    mb = read_mesh(b, comm=COMM)
+    write_xdmf(b, mb, time=0.0, point_data={"u": point_field(mb, 0.0)})
+    before = open(b).read()
+    with pytest.raises(ValueError, match=r"append: .*b\.h5.* numbers its mesh differently"):
+        write_xdmf(b, other, point_data={"u": point_field(other, 1.0)}, time=1.0, append=True)
+    assert open(b).read() == before and xdmf_steps(b) == [0.0]
+
+
+@pytest.mark.timeout(120, method="thread")
+@pytest.mark.parametrize("mpiio", [True, False])
+def test_failed_append_leaves_the_series(shared_dir, monkeypatch, mpiio):
+    """An append (fields and a matrix) failing on one rank mid-write raises OSError on every
+    rank and leaves the index and the registry naming the previous steps, their data readable;
+    the next append succeeds."""
+    d = os.path.join(shared_dir, f"append{int(mpiio)}")
+    if COMM.rank == 0:
+        os.makedirs(d)
+    COMM.Barrier()
+    mesh = box_mesh((3, 2 * COMM.size), cell="quad", comm=COMM)
+    A = Assembler(mesh).assemble_matrix(mass(mesh.local_cell_coords(), 1.0, "quad"))
+    target = os.path.join(d, "s.xdmf")
+    write_xdmf(target, mesh, point_data={"u": point_field(mesh, 0.0)}, time=0.0)
+    COMM.Barrier()
+    before = open(target).read()
+    if not mpiio:
+        from slasolve.fem import xdmf as xdmf_mod
+        monkeypatch.setattr(xdmf_mod, "_mpi_hdf5", lambda h5py: False)
+    if COMM.rank == COMM.size - 1:
+        def setitem(self, *args):
+            raise OSError(5, "Input/output error (simulated)")
+        monkeypatch.setattr(h5py.Dataset, "__setitem__", setitem)
+    with pytest.raises(OSError, match=r"s\.h5.*Input/output error"):
+        write_xdmf(target, mesh, point_data={"u": point_field(mesh, 1.0)}, time=1.0, append=True, matrices={"A": A})
+    monkeypatch.undo()
+    COMM.Barrier()
+    assert open(target).read() == before
+    back = read_mesh(target, comm=COMM)
+    with pytest.raises(ValueError, match=r"step 1 out of range: the file has 1 time step"):
+        read_matrix(target, back, "A", step=1)
+    assert torch.equal(read_point_data(target, back, "u", step=-1), point_field(mesh, 0.0))
+    write_xdmf(target, mesh, point_data={"u": point_field(mesh, 2.0)}, time=2.0, append=True, matrices={"A": A})
+    assert xdmf_steps(target) == [0.0, 2.0]
+    assert torch.equal(read_point_data(target, back, "u", step=1), point_field(mesh, 2.0))
+    assert torch.equal(read_matrix(target, back, "A", step=1).local.values, A.local.values)
+
+
 def test_matrix_checkpoint_errors_on_every_rank(shared_dir):
     mesh = box_mesh((3, 2 * COMM.size), cell="quad", comm=COMM)
     V = Assembler(mesh)
@@ -553,8 +695,11 @@ def test_matrix_checkpoint_errors_on_every_rank(shared_dir):
     other = box_mesh((4, 2 * COMM.size), cell="quad", comm=COMM)
     with pytest.raises(ValueError, match="node-by-node"):
         write_xdmf(os.path.join(shared_dir, "bad.xdmf"), other, matrices={"M": A})
-    with pytest.raises(ValueError, match="append"):
-        write_xdmf(target, mesh, time=1.0, append=True, matrices={"M": A})
+    B = Assembler(other).assemble_matrix(mass(other.local_cell_coords(), 1.0, "quad"))
+    with pytest.raises(ValueError, match=r"append: .*m\.h5.* holds another mesh"):
+        write_xdmf(target, other, time=1.0, append=True, matrices={"M": B})
+    with pytest.raises(ValueError, match=r"m\.xdmf.*step 0 out of range"):
+        read_matrix(target, again, "M", step=0)
     assert not os.path.exists(os.path.join(shared_dir, "bad.xdmf"))
     assert torch.equal(read_matrix(target, again, "M").local.values, A.local.values)
 

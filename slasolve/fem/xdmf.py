@@ -110,13 +110,24 @@ def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[st
                 f.create_dataset(name, shape=shape, dtype=dtype, dcpl=dcpl)
             else:
                 f.create_dataset(name, shape=shape, dtype=dtype)
-        for k, v in attrs.items():
-            f.attrs[k] = v
 
     def fill(f):
         for name, _, _, start, data in plan.items:
             if data.shape[0]:
                 f[name][start:start + data.shape[0]] = data
+
+    def finish():
+        # the attributes (write_xdmf's registry) last: a write failing before leaves the
+        # file's registry naming only complete datasets
+        err = None
+        if rank == 0:
+            try:
+                with h5py.File(h5file, "r+") as f:
+                    for k, v in attrs.items():
+                        f.attrs[k] = v
+            except Exception as e:  # noqa: BLE001
+                err = OSError(f"cannot write {label}: {type(e).__name__}: {e}")
+        check_collective(comm, err)
 
     err = None
     if size > 1 and _mpi_hdf5(h5py):
@@ -140,6 +151,7 @@ def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[st
         except Exception as e:  # noqa: BLE001
             err = err or OSError(f"cannot write {label}: {type(e).__name__}: {e}")
         check_collective(comm, err)
+        finish()
         return
     # serial HDF5: rank 0 creates the datasets, then the ranks write their rows in turn
     if rank == 0:
@@ -148,6 +160,8 @@ def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[st
                 create(f)
                 if size == 1:
                     fill(f)
+                    for k, v in attrs.items():
+                        f.attrs[k] = v
         except Exception as e:  # noqa: BLE001
             err = OSError(f"cannot write {label}: {type(e).__name__}: {e}")
     check_collective(comm, err)
@@ -162,6 +176,7 @@ def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[st
                 err = OSError(f"cannot write {label}: {type(e).__name__}: {e}")
         comm.Barrier()
     check_collective(comm, err)
+    finish()
 
 
 def _mpi_hdf5(h5py) -> bool:
@@ -255,6 +270,87 @@ def _field_arrays(mesh: Mesh, data, kind: str) -> Dict[str, np.ndarray]:
     return out
 
 
+def _numbering_digest(comm: Optional[MPI.Comm], cell_ids: np.ndarray, cells: np.ndarray) -> int:
+    """Collective (local with ``comm=None``). An order-free 64-bit digest of the cells' file
+    ids and vertex sets: equal for two numberings of one mesh only if they number its cells
+    and nodes alike (min, max, sum and sum of squares of each cell's vertex ids, hashed with
+    the cell id; the per-cell hashes summed modulo 2**64)."""
+    u = np.uint64
+
+    def mix(x):     # the splitmix64 finaliser
+        x = (x ^ (x >> u(30))) * u(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> u(27))) * u(0x94D049BB133111EB)
+        return x ^ (x >> u(31))
+
+    c = np.asarray(cells, np.int64).astype(u)
+    h = mix(np.asarray(cell_ids, np.int64).astype(u) + u(0x9E3779B97F4A7C15))
+    for col in (c.min(axis=1), c.max(axis=1), c.sum(axis=1), (c * c).sum(axis=1)):
+        h = mix(h ^ col)
+    local = int(h.sum(dtype=u)) if h.size else 0
+    return sum(comm.allgather(local) if comm is not None else [local]) % 2 ** 64
+
+
+def _file_numbering(mesh: Mesh, reg: dict, h5file: str, c0: int) -> str:
+    """Collective. How ``mesh`` numbers the nodes and cells of the file set ``reg``:
+    ``"global"`` (its global ids and its cells rank after rank: the mesh it was written
+    from, or one read back on as many ranks) or ``"original"`` (``original_ids`` /
+    ``original_cell_ids``: a mesh read from it on another layout). ``ValueError`` on every
+    rank when neither is the file's numbering."""
+    comm = mesh.comm
+    cells = mesh.cells.numpy()
+    has_orig = mesh.original_ids is not None and mesh.original_cell_ids is not None
+    want = reg.get("digest")
+    if want is None:     # a file set written before digests: only a mesh numbered as written
+        same = (not has_orig) or (bool(np.array_equal(_np(mesh.original_ids), mesh.node_ids.numpy())) and bool(
+            np.array_equal(_np(mesh.original_cell_ids), c0 + np.arange(cells.shape[0]))))
+        if comm.allreduce(int(same), op=MPI.MIN) if comm.Get_size() > 1 else same:
+            return "global"
+    elif _numbering_digest(comm, c0 + np.arange(cells.shape[0], dtype=np.int64), cells) == want:
+        return "global"
+    elif comm.allreduce(int(has_orig), op=MPI.MIN) if comm.Get_size() > 1 else has_orig:
+        local = _np(mesh.original_ids)[mesh.local_cells().numpy()]
+        if _numbering_digest(comm, _np(mesh.original_cell_ids), local) == want:
+            return "original"
+    check_collective(comm, ValueError(
+        f"append: {h5file!r} numbers its mesh differently from this mesh (append from the mesh it was written "
+        f"from, or from one read from it with slasolve.fem.read_mesh)"))
+    return ""
+
+
+def _to_file_rows(comm: MPI.Comm, rows: np.ndarray, file_ids: np.ndarray, n: int) -> Tuple[np.ndarray, int]:
+    """Collective. ``(rows in file order, start)``: this rank's slice of the balanced split of
+    ``n`` file rows, from every rank's ``rows`` at ``file_ids`` (together a permutation)."""
+    from .distribute import _Exchange
+
+    split = _balanced_split(n, comm.Get_size()).astype(np.int64)
+    dest = np.searchsorted(split, file_ids, side="right") - 1
+    ids = _Exchange(comm, np.asarray(file_ids, np.int64), dest).recv
+    vals = _Exchange(comm, np.ascontiguousarray(rows), dest).recv
+    out = np.empty_like(vals)
+    out[ids - split[comm.Get_rank()]] = vals
+    return out, int(split[comm.Get_rank()])
+
+
+def _plan_matrices(comm: MPI.Comm, plan: "_Plan", mdata: Dict[str, tuple], group, mesh: Mesh,
+                   to_file: Optional[np.ndarray]) -> None:
+    """Collective. Add the matrices' triplets to ``plan`` under ``group(name)``, rank after
+    rank; with ``to_file`` (the file id of each owned node, in id order), their node ids
+    mapped to the file's (a column may be a node that no local cell touches: its file id
+    comes from its owner)."""
+    from .distribute import fetch_rows
+
+    rank = comm.Get_rank()
+    n_off = np.concatenate([[0], np.cumsum(comm.allgather(mesh.n_owned))]).astype(np.int64)
+    for name, (shape, (rows, cols, vals)) in sorted(mdata.items()):
+        if to_file is not None:
+            rows, cols = to_file[rows - n_off[rank]], fetch_rows(comm, n_off, to_file, cols)
+        nz_off = np.concatenate([[0], np.cumsum(comm.allgather(rows.shape[0]))]).astype(np.int64)
+        nnz, z0 = int(nz_off[-1]), int(nz_off[rank])
+        plan.add(f"{group(name)}/row", (nnz,), rows, z0)
+        plan.add(f"{group(name)}/col", (nnz,), cols, z0)
+        plan.add(f"{group(name)}/value", (nnz, *vals.shape[1:]), vals, z0)
+
+
 def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
                point_data: Optional[Dict[str, Union[torch.Tensor, np.ndarray]]] = None,
                cell_data: Optional[Dict[str, Union[torch.Tensor, np.ndarray]]] = None,
@@ -273,14 +369,18 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
         number adds them as the next step of the time series (``/Function/<name>/<k>``).
     append : ``False`` (default) writes a new file set (mesh, tags, layout and fields);
         ``True`` adds a time step (``time`` required) to a file set written by
-        :func:`write_xdmf` for the same mesh.
+        :func:`write_xdmf` for the same mesh: the mesh it was written from, or one read
+        from it by :func:`slasolve.fem.read_mesh` on any number of ranks (the rows then go
+        to the file's numbering through ``original_ids`` / ``original_cell_ids``; which
+        numbering applies is told by a digest of the cells saved in the file).
     matrices : name -> a node-by-node :class:`~slasolve.DSparseTensor` assembled on
         ``mesh`` (``global_shape`` ``(n_nodes, n_nodes)`` or ``(n_nodes, n_nodes, bs, bs)``,
         owned block rows = ``mesh.owned_range``, e.g. from
         :meth:`slasolve.fem.Assembler.assemble_matrix`), saved as ``(row, col, value)``
-        triplets in the file's node numbering (``/Matrix/<name>/{row,col,value}``, every
-        rank its owned rows); :func:`read_matrix` loads one on any number of ranks. Only
-        with a new file set (not with ``append``).
+        triplets in the file's node numbering (``/Matrix/<name>/{row,col,value}`` with a
+        new file set, ``/Matrix/<name>/<k>/...`` with the ``k``-th time step when
+        ``append``; every rank its owned rows); :func:`read_matrix` loads one on any
+        number of ranks.
 
     Returns
     -------
@@ -297,8 +397,9 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
     A new file set is written under temporary names next to the targets and renamed
     (the ``.h5`` first, then the index) only after every rank has written its part, so
     a failure raises on every rank and leaves existing files as they were. ``append``
-    writes into the existing ``.h5`` and replaces the index only on success: a failure
-    leaves the index naming the previous steps only. Bad arguments, or arguments that
+    writes new datasets into the existing ``.h5`` and updates its registry and the index
+    only after every rank has written its rows: a failure leaves both naming the previous
+    steps only (the datasets of the failed step are replaced by the next append). Bad arguments, or arguments that
     differ between ranks, raise on every rank.
     """
     if not isinstance(mesh, Mesh):
@@ -316,8 +417,6 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
             raise ValueError(f"time must be finite, got {time!r}")
         pdata = _field_arrays(mesh, point_data, "point_data")
         cdata = _field_arrays(mesh, cell_data, "cell_data")
-        if matrices and append:
-            raise ValueError("matrices are written with the mesh (a new file set), not with append=True")
         mdata = _matrix_triplets(mesh, matrices)
     except (ValueError, TypeError, ImportError) as e:
         err = e
@@ -354,8 +453,22 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
         check_collective(comm, err)
         reg = comm.bcast(reg, root=0)
         k = len(reg["steps"])
-        add_fields(lambda nm: f"/Function/{nm}/{k}", lambda nm: f"/Function/{nm}/{k}")
-        reg["steps"].append({"time": float(time), "point": tails["point"], "cell": tails["cell"]})
+        if _file_numbering(mesh, reg, h5file, c0) == "global":
+            add_fields(lambda nm: f"/Function/{nm}/{k}", lambda nm: f"/Function/{nm}/{k}")
+            to_file = None
+        else:   # a mesh read from this file on another layout: rows go to the file's numbering
+            own_ids = _np(mesh.original_ids)[mesh.owned_mask().numpy()]
+            for name, a in sorted(pdata.items()):
+                plan.add(f"/Function/{name}/{k}", (nn, *a.shape[1:]), *_to_file_rows(comm, a, own_ids, nn))
+            for name, a in sorted(cdata.items()):
+                plan.add(f"/Function/{name}/{k}", (nc, *a.shape[1:]),
+                         *_to_file_rows(comm, a, _np(mesh.original_cell_ids), nc))
+            to_file = own_ids
+        step = {"time": float(time), "point": tails["point"], "cell": tails["cell"]}
+        if mdata:
+            _plan_matrices(comm, plan, mdata, lambda nm: f"/Matrix/{nm}/{k}", mesh, to_file)
+            step["matrices"] = mtails
+        reg["steps"].append(step)
         _execute(comm, h5file, "r+", plan, {_REGISTRY: json.dumps(reg)})
         _replace_index(comm, path, _xdmf_text(reg, os.path.basename(h5file)) if rank == 0 else None)
         return path
@@ -382,12 +495,8 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
         plan.add("/Mesh/facet_values", (n_ft,), ft.values.numpy().astype(np.int32), int(f_off[rank]))
     reg = {"cell_type": mesh.cell_type, "dim": mesh.dim, "n_cells": nc, "n_nodes": nn, "cell_tags": bool(has_ct),
            "n_facet_tags": n_ft, "point_data": {}, "cell_data": {}, "steps": [], "matrices": mtails}
-    for name, (shape, (rows, cols, vals)) in sorted(mdata.items()):
-        nz_off = np.concatenate([[0], np.cumsum(comm.allgather(rows.shape[0]))]).astype(np.int64)
-        nnz, z0 = int(nz_off[-1]), int(nz_off[rank])
-        plan.add(f"/Matrix/{name}/row", (nnz,), rows, z0)
-        plan.add(f"/Matrix/{name}/col", (nnz,), cols, z0)
-        plan.add(f"/Matrix/{name}/value", (nnz, *vals.shape[1:]), vals, z0)
+    reg["digest"] = _numbering_digest(comm, c0 + np.arange(mesh.n_local_cells, dtype=np.int64), mesh.cells.numpy())
+    _plan_matrices(comm, plan, mdata, lambda nm: f"/Matrix/{nm}", mesh, None)
     if time is None:
         add_fields(lambda nm: f"/PointData/{nm}", lambda nm: f"/CellData/{nm}")
         reg["point_data"], reg["cell_data"] = tails["point"], tails["cell"]
@@ -842,11 +951,13 @@ def _registry(comm: MPI.Comm, h5file: str, what: str) -> dict:
     return comm.bcast(reg, root=0) if comm.Get_size() > 1 else reg
 
 
-def read_matrix(path: Union[str, os.PathLike], mesh: Mesh, name: str) -> "DSparseTensor":
+def read_matrix(path: Union[str, os.PathLike], mesh: Mesh, name: str, step: Optional[int] = None) -> "DSparseTensor":
     """Collective. A matrix saved by ``write_xdmf(..., matrices={name: A})``, on ``mesh``.
 
     ``mesh`` must have been read from the same file (by :func:`slasolve.fem.read_mesh`, on
-    any number of ranks). Returns a row-sharded :class:`~slasolve.DSparseTensor` whose block
+    any number of ranks). ``step``: ``None`` for a matrix written with the mesh (a new file
+    set), else the index of the time step it was appended with (``-1``: the last), as in
+    :func:`read_point_data`. Returns a row-sharded :class:`~slasolve.DSparseTensor` whose block
     rows and columns are ``mesh``'s global node ids, each rank owning the rows of its owned
     nodes (the layout :meth:`slasolve.fem.Assembler.assemble_matrix` gives on ``mesh``),
     with the saved values bit for bit.
@@ -866,18 +977,30 @@ def read_matrix(path: Union[str, os.PathLike], mesh: Mesh, name: str) -> "DSpars
     what = f"read matrix {name!r} from {os.fspath(path)!r}"
     h5file = idx.topology[0]
     reg = _registry(comm, h5file, what)
-    info = (reg.get("matrices") or {}).get(name)
-    err = None
-    if info is None:
-        err = ValueError(f"{what}: no such matrix (saved: {sorted(reg.get('matrices') or {})})")
+    steps = reg.get("steps") or []
+    saved = [f"{m} (step {k})" for k, st in enumerate(steps) for m in sorted(st.get("matrices") or {})]
+    saved = sorted(reg.get("matrices") or {}) + saved
+    err, info, group = None, None, f"/Matrix/{name}"
+    if step is not None and not (isinstance(step, (int, np.integer)) and -len(steps) <= step < len(steps)):
+        err = ValueError(f"{what}: step {step!r} out of range: the file has {len(steps)} time step(s)")
+    elif step is None:
+        info = (reg.get("matrices") or {}).get(name)
+    else:
+        k = int(step) % len(steps)
+        info, group = (steps[k].get("matrices") or {}).get(name), f"/Matrix/{name}/{k}"
+    if err is not None:
+        pass
+    elif info is None:
+        err = ValueError(f"{what}: no such matrix" + ("" if step is None else f" in step {step}")
+                         + f" (saved: {saved})")
     elif reg["n_nodes"] != mesh.n_global_nodes or reg["n_cells"] != mesh.n_global_cells:
         err = ValueError(f"{what}: the file's mesh ({reg['n_cells']} cells, {reg['n_nodes']} nodes) is not "
                          f"this mesh ({mesh.n_global_cells}, {mesh.n_global_nodes})")
     check_collective(comm, err)
     shape = tuple(int(x) for x in info[0])
-    (nnz,), rows, nz_rows = _read_rows(comm, (h5file, f"/Matrix/{name}/row"), what)
-    _, cols, _ = _read_rows(comm, (h5file, f"/Matrix/{name}/col"), what, n_expect=nnz, rows=nz_rows)
-    vshape, vals, _ = _read_rows(comm, (h5file, f"/Matrix/{name}/value"), what, n_expect=nnz, rows=nz_rows)
+    (nnz,), rows, nz_rows = _read_rows(comm, (h5file, f"{group}/row"), what)
+    _, cols, _ = _read_rows(comm, (h5file, f"{group}/col"), what, n_expect=nnz, rows=nz_rows)
+    vshape, vals, _ = _read_rows(comm, (h5file, f"{group}/value"), what, n_expect=nnz, rows=nz_rows)
     nn = mesh.n_global_nodes
     err = None
     if vshape[1:] != shape[2:]:
@@ -949,7 +1072,8 @@ def convert_mesh(src: Union[str, os.PathLike], dst: Union[str, os.PathLike],
             reg = {"cell_type": ct, "dim": points.shape[1], "n_cells": int(cells.shape[0]),
                    "n_nodes": int(points.shape[0]), "cell_tags": ctags is not None,
                    "n_facet_tags": None if ftags is None else int(ftags[0].shape[0]),
-                   "point_data": {}, "cell_data": {}, "steps": []}
+                   "point_data": {}, "cell_data": {}, "steps": [],
+                   "digest": _numbering_digest(None, np.arange(cells.shape[0], dtype=np.int64), cells)}
             h5file = _h5_path(dst)
             tmp = os.path.join(os.path.dirname(dst), f".{os.path.basename(h5file)}.tmp-{os.getpid()}")
             try:
