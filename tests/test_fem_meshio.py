@@ -171,6 +171,171 @@ def test_gmsh_tags_independent_of_ranks(shared_dir, dim, partition):
     assert bool(mesh.boundary_mask[torch.from_numpy(local)].all())
 
 
+def tags_by_vertex_set(mesh, dim=None):
+    """Every rank's cells and tagged facets gathered as {sorted file vertex ids: tag}."""
+    from slasolve.fem.cells import CELL_FACETS
+
+    file_cells = mesh.original_ids.numpy()[mesh.local_cells().numpy()]
+    cells = [(tuple(sorted(c)), int(t)) for c, t in zip(file_cells.tolist(), mesh.cell_tags.tolist())]
+    ft = mesh.facet_tags
+    lf = np.asarray(CELL_FACETS[mesh.cell_type])[ft.local_facet.numpy()]
+    verts = np.take_along_axis(file_cells[ft.cells.numpy()], lf, axis=1)
+    facets = [(tuple(sorted(v)), int(t)) for v, t in zip(verts.tolist(), ft.values.tolist())]
+    cells = [x for part in mesh.comm.allgather(cells) for x in part]
+    facets = [x for part in mesh.comm.allgather(facets) for x in part]
+    assert len(dict(cells)) == len(cells) == mesh.n_global_cells and len(dict(facets)) == len(facets)
+    return dict(cells), dict(facets)
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_msh_and_xdmf_read_facet_blocks_as_tags(shared_dir, dim):
+    """One volume cell type plus facet blocks (gmsh physical groups): read_mesh on the .msh
+    (meshio on rank 0) and on its XDMF conversion (parallel) both give every cell its tag and
+    every tagged facet its tag, as meshio reads them from the file."""
+    _, cells, ctags, facets = file_arrays(dim)
+    expect = {tuple(sorted(c)): int(t) for c, t in zip(cells.tolist(), ctags.tolist())}
+    for path in (FIXTURES[dim], converted(shared_dir, dim)):
+        mesh = read_mesh(path, comm=COMM)
+        got_cells, got_facets = tags_by_vertex_set(mesh)
+        assert got_cells == expect and got_facets == facets, path
+        assert mesh.comm.allreduce(len(mesh.facet_tags)) == len(facets)
+
+
+def mixed_meshes(d):
+    """Rank 0 writes two-type volume meshes: (path, types) for .msh, meshio XDMF (a Mixed
+    topology) and a DOLFINx-like XDMF with one grid per type sharing the Geometry."""
+    out = []
+    pts2 = np.array([[0, 0], [1, 0], [1, 1], [0, 1], [2, 0], [2, 1]], float)
+    tri, quad = np.array([[0, 1, 2], [0, 2, 3]]), np.array([[1, 4, 5, 2]])
+    pts3 = np.array([[x, y, z] for z in (0, 1) for y in (0, 1) for x in (0, 1, 2)], float)
+    hexa = np.array([[0, 1, 4, 3, 6, 7, 10, 9]])
+    tet = np.array([[1, 2, 5, 8], [1, 4, 5, 8]])
+    for dim, pts, blocks in ((2, pts2, [("triangle", tri), ("quad", quad)]),
+                             (3, pts3, [("tetra", tet), ("hexahedron", hexa)])):
+        types = [t for t, _ in blocks]
+        xyz = np.c_[pts, np.zeros(len(pts))] if dim == 2 else pts
+        phys = [np.full(len(c), i + 1) for i, (_, c) in enumerate(blocks)]
+        msh, mix, two = (os.path.join(d, f"mixed{dim}{s}") for s in (".msh", "_meshio.xdmf", "_grids.xdmf"))
+        if COMM.rank == 0:
+            meshio.write(msh, meshio.Mesh(xyz, blocks, cell_data={"gmsh:physical": phys, "gmsh:geometrical": phys}),
+                         file_format="gmsh22", binary=False)
+            meshio.write(mix, meshio.Mesh(pts, blocks))
+            h5 = two[:-5] + ".h5"
+            with h5py.File(h5, "w") as f:
+                f["geometry"] = pts
+                for t, c in blocks:
+                    f[t] = c.astype(np.int64)
+            names = {"triangle": "Triangle", "quad": "Quadrilateral", "tetra": "Tetrahedron",
+                     "hexahedron": "Hexahedron"}
+            grids = []
+            for i, (t, c) in enumerate(blocks):
+                geo = (f'<Geometry GeometryType="{"XY" if dim == 2 else "XYZ"}"><DataItem Dimensions="{len(pts)} '
+                       f'{dim}" Format="HDF">{os.path.basename(h5)}:/geometry</DataItem></Geometry>' if i == 0 else
+                       "<xi:include xpointer=\"xpointer(/Xdmf/Domain/Grid/Geometry)\"/>")
+                grids.append(f'<Grid Name="{t}s" GridType="Uniform">{geo}<Topology TopologyType="{names[t]}" '
+                             f'NumberOfElements="{len(c)}"><DataItem Dimensions="{c.shape[0]} {c.shape[1]}" '
+                             f'Format="HDF">{os.path.basename(h5)}:/{t}</DataItem></Topology></Grid>')
+            with open(two, "w") as fh:
+                fh.write('<?xml version="1.0"?><Xdmf Version="3.0" xmlns:xi="http://www.w3.org/2001/XInclude">'
+                         f'<Domain>{"".join(grids)}</Domain></Xdmf>')
+        out += [(msh, types), (mix, types), (two, types)]
+    COMM.Barrier()
+    return out
+
+
+def test_mixed_volume_cell_types_raise_naming_file_and_types(shared_dir):
+    """Triangles + quads, tetrahedra + hexahedra: read_mesh (gmsh .msh, meshio's Mixed XDMF,
+    one XDMF grid per type) and convert_mesh raise ValueError on every rank naming the file
+    and both types; convert_mesh writes nothing."""
+    for path, types in mixed_meshes(shared_dir):
+        pattern = rf"{os.path.basename(path)}.*mixes {2 if 'triangle' in types else 3}-D cell types.*" + \
+            ".*".join(sorted(types))
+        with pytest.raises(ValueError, match=pattern):
+            read_mesh(path, comm=COMM)
+        if path.endswith(".msh"):
+            out = path[:-4] + "_converted.xdmf"
+            with pytest.raises(ValueError, match=pattern):
+                convert_mesh(path, out, comm=COMM)
+            assert not os.path.exists(out) and not os.path.exists(out[:-5] + ".h5")
+
+
+# --------------------------------------------------------------------------- DOLFINx tags
+DOLFINX_FIXTURE = os.path.join(DATA, "dolfinx_tags.xdmf")
+
+
+def test_dolfinx_meshtags_grids_fixture(shared_dir):
+    """tests/data/dolfinx_tags.xdmf (DOLFINx 0.5's write_mesh + write_meshtags: cell and facet
+    tags each a Grid of its own including the mesh's Geometry; tests/data/make_dolfinx_tags.py):
+    the cell tags (a sparse set: -1 on untagged cells) and facet tags are those DOLFINx was given,
+    checked by midpoints; a tag naming a cell the mesh does not have raises on every rank."""
+    mesh = read_mesh(DOLFINX_FIXTURE, comm=COMM)
+    check_layout(mesh)
+    mid = mesh.local_cell_coords().mean(1).numpy()
+    expect = np.where(mid[:, 0] < 0.5, 1 + (mid[:, 1] > 0.5), -1)
+    assert np.array_equal(mesh.cell_tags.numpy(), expect)
+    assert COMM.allreduce(int((expect > 0).sum())) == 24
+    from slasolve.fem.cells import CELL_FACETS
+
+    ft = mesh.facet_tags
+    x = mesh.local_cell_coords().numpy()[ft.cells.numpy()]                      # (k, 4, 3)
+    lf = np.asarray(CELL_FACETS["tetra"])[ft.local_facet.numpy()]
+    fx = np.take_along_axis(x, lf[:, :, None], axis=1)                          # (k, 3, 3)
+    on_left, on_top = (fx[:, :, 0] == 0).all(1), (fx[:, :, 2] == 1).all(1)
+    assert np.array_equal(ft.values.numpy(), np.where(on_left, 7, np.where(on_top, 9, -1)))
+    assert COMM.allreduce(len(ft)) == 16
+    bad = os.path.join(shared_dir, "bad_tags.xdmf")
+    if COMM.rank == 0:
+        shutil.copy(DOLFINX_FIXTURE[:-5] + ".h5", bad[:-5] + ".h5")
+        open(bad, "w").write(open(DOLFINX_FIXTURE).read().replace("dolfinx_tags.h5", "bad_tags.h5"))
+        with h5py.File(bad[:-5] + ".h5", "r+") as f:
+            f["/MeshTags/materials/topology"][0] = [0, 1, 2, 26]
+    COMM.Barrier()
+    with pytest.raises(ValueError, match=r"bad_tags\.xdmf.*1 cell tag\(s\) name cells that the mesh does not have"):
+        read_mesh(bad, comm=COMM)
+
+
+@pytest.mark.parametrize("cell", ["triangle", "quadrilateral", "tetrahedron"])
+def test_dolfinx_written_meshtags(shared_dir, cell):
+    """DOLFINx 0.5 writes a mesh and its cell and facet meshtags on this run's ranks; read_mesh
+    reads both tag grids: tags by cell / facet midpoint as given to DOLFINx."""
+    dm = pytest.importorskip("dolfinx.mesh")
+    dio = pytest.importorskip("dolfinx.io")
+    kind = {"triangle": dm.CellType.triangle, "quadrilateral": dm.CellType.quadrilateral,
+            "tetrahedron": dm.CellType.tetrahedron}[cell]
+    if cell == "tetrahedron":
+        m = dm.create_unit_cube(COMM, 3, 3, 3, cell_type=kind)
+    else:
+        m = dm.create_unit_square(COMM, 3, 4, cell_type=kind)
+    tdim = m.topology.dim
+    m.topology.create_connectivity(tdim - 1, tdim)
+    ncl = m.topology.index_map(tdim).size_local
+    cells = np.arange(ncl, dtype=np.int32)
+    mid = dm.compute_midpoints(m, tdim, cells)
+    ct = dm.meshtags(m, tdim, cells, (1 + (mid[:, 0] > 0.5) + 2 * (mid[:, 1] > 0.5)).astype(np.int32))
+    facets = dm.locate_entities_boundary(m, tdim - 1, lambda x: np.isclose(x[0], 0.0) | np.isclose(x[1], 1.0))
+    fmid = dm.compute_midpoints(m, tdim - 1, facets)
+    ft = dm.meshtags(m, tdim - 1, facets, np.where(np.isclose(fmid[:, 0], 0.0), 5, 6).astype(np.int32))
+    ct.name, ft.name = "materials", "boundaries"
+    path = os.path.join(shared_dir, f"dolfinx_{cell}.xdmf")
+    with dio.XDMFFile(COMM, path, "w") as f:
+        f.write_mesh(m)
+        f.write_meshtags(ct)
+        f.write_meshtags(ft)
+    mesh = read_mesh(path, comm=COMM)
+    check_layout(mesh)
+    x = mesh.local_cell_coords().numpy()
+    mid = x.mean(1)
+    assert np.array_equal(mesh.cell_tags.numpy(), 1 + (mid[:, 0] > 0.5) + 2 * (mid[:, 1] > 0.5))
+    from slasolve.fem.cells import CELL_FACETS
+
+    tags = mesh.facet_tags
+    lf = np.asarray(CELL_FACETS[mesh.cell_type])[tags.local_facet.numpy()]
+    fx = np.take_along_axis(x[tags.cells.numpy()], lf[:, :, None], axis=1)
+    assert np.array_equal(tags.values.numpy(), np.where((fx[:, :, 0] == 0).all(1), 5, 6))
+    assert bool(((fx[:, :, 0] == 0) | (fx[:, :, 1] == 1)).all())          # DOLFINx's vertex predicate
+    assert COMM.allreduce(len(tags)) == COMM.allreduce(len(facets))
+
+
 @pytest.mark.petsc
 def test_partition_quality_against_metis_and_a_serial_count(shared_dir):
     """PT-Scotch's edge cut on the 3-D bracket against serial METIS (reported; a loose bound
@@ -374,6 +539,148 @@ def test_restart_matrix_on_any_rank_count(shared_dir):
             sub.Free()
 
 
+def point_field(mesh, shift):
+    """An analytic field at the owned nodes (elementwise: the same bits from the same coordinates)."""
+    x = mesh.owned_node_coords()
+    return x[:, 0] ** 2 + 3.0 * x[:, 1] + shift
+
+
+def cell_field(mesh, shift):
+    """An analytic per-cell field independent of the vertex order within a cell."""
+    x = mesh.local_cell_coords()
+    return x[:, :, 0].max(1).values + 10.0 * x[:, :, 1].min(1).values + shift
+
+
+def on_ranks(n, fn):
+    """fn(sub) on the first n ranks of COMM; its results on every rank of COMM (from rank 0)."""
+    sub = COMM.Split(0 if COMM.rank < n else MPI.UNDEFINED, COMM.rank)
+    out = None
+    if sub != MPI.COMM_NULL:
+        out = fn(sub)
+        sub.Free()
+    return COMM.bcast(out, root=0)
+
+
+def test_matrices_appended_to_a_time_series_restart_on_any_rank_count(shared_dir):
+    """A time series written on N ranks (mesh, two steps), continued on M ranks from a read_mesh
+    of it (its own partition and numbering when M != N): a step with fields and matrices
+    appended, for N -> M in (P, 1), (1, P), (P, P) and (2, P - 1) at P ranks. Read on this
+    run's ranks, every step equals the analytic fields by coordinates (bit for bit), the
+    appended matrices equal the ones the M ranks assembled (triplets in the file's ids, bit
+    for bit) and the ones reassembled on the reloaded mesh (to rounding)."""
+    path = converted(shared_dir, 2)
+    size = COMM.size
+    pairs = sorted({(size, 1), (1, size), (size, size)} | ({(2, size - 1)} if size > 2 else set()))
+    for n, m in pairs:
+        ck = os.path.join(shared_dir, f"series_{n}_{m}.xdmf")
+
+        def first_run(sub):
+            mesh = read_mesh(path, comm=sub)
+            write_xdmf(ck, mesh, point_data={"u": point_field(mesh, 0.0)}, time=0.0)
+            write_xdmf(ck, mesh, point_data={"u": point_field(mesh, 1.0)}, cell_data={"k": cell_field(mesh, 1.0)},
+                       time=0.5, append=True)
+
+        def restart(sub):
+            mesh = read_mesh(ck, comm=sub)
+            assert torch.equal(read_point_data(ck, mesh, "u", step=-1), point_field(mesh, 1.0))
+            kappa = read_cell_data(ck, mesh, "k", step=-1)
+            assert torch.equal(kappa, cell_field(mesh, 1.0))
+            V = Assembler(mesh)
+            A, B = system_matrix(mesh, V, kappa), block_matrix(mesh, kappa)
+            write_xdmf(ck, mesh, point_data={"u": point_field(mesh, 2.0)}, cell_data={"k": cell_field(mesh, 2.0)},
+                       time=1.0, append=True, matrices={"A": A, "B": B})
+            to_file = file_id_map(mesh)
+            return triplets(A, to_file), triplets(B, to_file)
+
+        on_ranks(n, first_run)
+        saved = on_ranks(m, restart)
+        mesh = read_mesh(ck, comm=COMM)
+        assert xdmf_steps(ck) == [0.0, 0.5, 1.0]
+        for step, shift in ((0, 0.0), (1, 1.0), (2, 2.0)):
+            assert torch.equal(read_point_data(ck, mesh, "u", step=step), point_field(mesh, shift)), (n, m)
+        for step, shift in ((1, 1.0), (-1, 2.0)):
+            assert torch.equal(read_cell_data(ck, mesh, "k", step=step), cell_field(mesh, shift)), (n, m)
+        A, B = read_matrix(ck, mesh, "A", step=-1), read_matrix(ck, mesh, "B", step=2)
+        to_file = file_id_map(mesh)
+        V = Assembler(mesh)
+        kappa = cell_field(mesh, 1.0)
+        for loaded, again, ref in ((A, system_matrix(mesh, V, kappa), saved[0]),
+                                   (B, block_matrix(mesh, kappa), saved[1])):
+            for a, b in zip(triplets(loaded, to_file), ref):
+                assert np.array_equal(a, b), (n, m)
+            assert torch.equal(loaded.local.indptr, again.local.indptr)
+            assert torch.equal(loaded.local.indices, again.local.indices)
+            dv = (loaded.local.values - again.local.values).abs().max()
+            assert float(dv) <= 1e-14 * float(again.local.values.abs().max()), (n, m)
+        with pytest.raises(ValueError, match=r"no such matrix in step 1 \(saved: \['A \(step 2\)', 'B \(step 2\)'\]"):
+            read_matrix(ck, mesh, "A", step=1)
+        with pytest.raises(ValueError, match="no such matrix"):
+            read_matrix(ck, mesh, "A")
+
+
+def test_append_to_another_numbering_raises(shared_dir):
+    """Appending from a mesh that is neither the file's mesh nor read from it (a mesh read from
+    another file of the same mesh, numbered differently) raises on every rank, writes nothing."""
+    a = os.path.join(shared_dir, "a.xdmf")
+    b = os.path.join(shared_dir, "b.xdmf")
+    box = box_mesh((3, 2 * COMM.size), cell="triangle", comm=COMM)
+    write_xdmf(a, box, point_data={"u": point_field(box, 0.0)})
+    other = read_mesh(a, comm=COMM, partition="block")
+    # b: the same cells, nodes numbered backwards
+    if COMM.rank == 0:
+        with h5py.File(a[:-5] + ".h5", "r") as f:
+            cells, pts = f["/Mesh/topology"][:], f["/Mesh/geometry"][:]
+        n = pts.shape[0]
+        meshio.write(b[:-5] + ".msh", meshio.Mesh(np.c_[pts[::-1], np.zeros(n)], [("triangle", n - 1 - cells)]),
+                     file_format="gmsh22", binary=False)
+    COMM.Barrier()
+    convert_mesh(b[:-5] + ".msh", b, comm=COMM)
+    mb = read_mesh(b, comm=COMM)
+    write_xdmf(b, mb, time=0.0, point_data={"u": point_field(mb, 0.0)})
+    before = open(b).read()
+    with pytest.raises(ValueError, match=r"append: .*b\.h5.* numbers its mesh differently"):
+        write_xdmf(b, other, point_data={"u": point_field(other, 1.0)}, time=1.0, append=True)
+    assert open(b).read() == before and xdmf_steps(b) == [0.0]
+
+
+@pytest.mark.timeout(120, method="thread")
+@pytest.mark.parametrize("mpiio", [True, False])
+def test_failed_append_leaves_the_series(shared_dir, monkeypatch, mpiio):
+    """An append (fields and a matrix) failing on one rank mid-write raises OSError on every
+    rank and leaves the index and the registry naming the previous steps, their data readable;
+    the next append succeeds."""
+    d = os.path.join(shared_dir, f"append{int(mpiio)}")
+    if COMM.rank == 0:
+        os.makedirs(d)
+    COMM.Barrier()
+    mesh = box_mesh((3, 2 * COMM.size), cell="quad", comm=COMM)
+    A = Assembler(mesh).assemble_matrix(mass(mesh.local_cell_coords(), 1.0, "quad"))
+    target = os.path.join(d, "s.xdmf")
+    write_xdmf(target, mesh, point_data={"u": point_field(mesh, 0.0)}, time=0.0)
+    COMM.Barrier()
+    before = open(target).read()
+    if not mpiio:
+        from slasolve.fem import xdmf as xdmf_mod
+        monkeypatch.setattr(xdmf_mod, "_mpi_hdf5", lambda h5py: False)
+    if COMM.rank == COMM.size - 1:
+        def setitem(self, *args):
+            raise OSError(5, "Input/output error (simulated)")
+        monkeypatch.setattr(h5py.Dataset, "__setitem__", setitem)
+    with pytest.raises(OSError, match=r"s\.h5.*Input/output error"):
+        write_xdmf(target, mesh, point_data={"u": point_field(mesh, 1.0)}, time=1.0, append=True, matrices={"A": A})
+    monkeypatch.undo()
+    COMM.Barrier()
+    assert open(target).read() == before
+    back = read_mesh(target, comm=COMM)
+    with pytest.raises(ValueError, match=r"step 1 out of range: the file has 1 time step"):
+        read_matrix(target, back, "A", step=1)
+    assert torch.equal(read_point_data(target, back, "u", step=-1), point_field(mesh, 0.0))
+    write_xdmf(target, mesh, point_data={"u": point_field(mesh, 2.0)}, time=2.0, append=True, matrices={"A": A})
+    assert xdmf_steps(target) == [0.0, 2.0]
+    assert torch.equal(read_point_data(target, back, "u", step=1), point_field(mesh, 2.0))
+    assert torch.equal(read_matrix(target, back, "A", step=1).local.values, A.local.values)
+
+
 def test_matrix_checkpoint_errors_on_every_rank(shared_dir):
     mesh = box_mesh((3, 2 * COMM.size), cell="quad", comm=COMM)
     V = Assembler(mesh)
@@ -388,8 +695,11 @@ def test_matrix_checkpoint_errors_on_every_rank(shared_dir):
     other = box_mesh((4, 2 * COMM.size), cell="quad", comm=COMM)
     with pytest.raises(ValueError, match="node-by-node"):
         write_xdmf(os.path.join(shared_dir, "bad.xdmf"), other, matrices={"M": A})
-    with pytest.raises(ValueError, match="append"):
-        write_xdmf(target, mesh, time=1.0, append=True, matrices={"M": A})
+    B = Assembler(other).assemble_matrix(mass(other.local_cell_coords(), 1.0, "quad"))
+    with pytest.raises(ValueError, match=r"append: .*m\.h5.* holds another mesh"):
+        write_xdmf(target, other, time=1.0, append=True, matrices={"M": B})
+    with pytest.raises(ValueError, match=r"m\.xdmf.*step 0 out of range"):
+        read_matrix(target, again, "M", step=0)
     assert not os.path.exists(os.path.join(shared_dir, "bad.xdmf"))
     assert torch.equal(read_matrix(target, again, "M").local.values, A.local.values)
 

@@ -31,10 +31,10 @@ from mpi4py import MPI
 from .._comm import check_collective, get_comm
 from ..partition import PartitionQuality
 from .cells import CELL_DIM, CELL_FACETS, CELL_VERTICES, ORIENTATION_FLIP, signed_measure
-from .mesh import FacetTags, Mesh
+from .mesh import Mesh, _facet_tags, _local_facets
 
-__all__ = ["distribute_cells", "fetch_rows", "partition_quality", "dual_graph", "dual_graph_laplacian",
-           "PARALLEL_PARTITIONERS"]
+__all__ = ["distribute_cells", "fetch_rows", "match_cell_tags", "partition_quality", "dual_graph",
+           "dual_graph_laplacian", "PARALLEL_PARTITIONERS"]
 
 PARALLEL_PARTITIONERS = ("ptscotch", "metis", "block")
 
@@ -222,6 +222,48 @@ def _match_facets(comm: MPI.Comm, cells: np.ndarray, cell_ids: np.ndarray, cell_
     if facet_tags is not None:
         tag_rows = _Exchange(comm, tag_rows, dest).recv
     return _Facets(neighbours, tag_rows)
+
+
+def match_cell_tags(comm: MPI.Comm, cells: np.ndarray, tag_cells: np.ndarray, tag_values: np.ndarray,
+                    n_nodes: int, what: str) -> np.ndarray:
+    """Collective. Tags given per vertex set (DOLFINx's meshtags of cells) on this rank's cells.
+
+    ``cells``: ``(n, nv)`` file node ids of this rank's slice of cells; ``tag_cells`` /
+    ``tag_values``: ``(k, nv)`` file node ids and ``(k,)`` integer values of any slice of
+    the tagged cells. Cells and tags meet at the referee of their sorted vertex set. Returns
+    the ``(n,)`` int64 tag of each cell, ``-1`` for a cell no tag names. A tag naming no
+    cell, or a cell tagged twice with different values, raises ``ValueError`` on every rank.
+    """
+    size = comm.Get_size()
+    nv = cells.shape[1]
+    keys = np.sort(np.asarray(cells, np.int64), axis=1)
+    tkeys = np.sort(np.asarray(tag_cells, np.int64).reshape(-1, nv), axis=1)
+    ex = _Exchange(comm, keys, _referee(keys, n_nodes, size))
+    tex = _Exchange(comm, np.concatenate([tkeys, np.asarray(tag_values, np.int64).reshape(-1, 1)], axis=1),
+                    _referee(tkeys, n_nodes, size))
+    m = ex.recv.shape[0]
+    answer = np.full(m, -1, dtype=np.int64)
+    err = None
+    if m + tex.recv.shape[0]:
+        inv, nu = _row_groups(np.concatenate([ex.recv, tex.recv[:, :nv]]), n_nodes)
+        ci, ti = inv[:m], inv[m:]
+        vals = tex.recv[:, nv]
+        absent = np.bincount(ci, minlength=nu)[ti] == 0
+        lo, hi = np.full(nu, np.iinfo(np.int64).max), np.full(nu, np.iinfo(np.int64).min)
+        np.minimum.at(lo, ti, vals)
+        np.maximum.at(hi, ti, vals)
+        if absent.any():
+            err = ValueError(f"{what}: {int(absent.sum())} cell tag(s) name cells that the mesh does not have, "
+                             f"e.g. vertices {tex.recv[np.flatnonzero(absent)[0], :nv].tolist()} "
+                             f"(file node ids)")
+        elif ti.size and (lo[ti] != hi[ti]).any():
+            bad = tex.recv[np.flatnonzero(lo[ti] != hi[ti])[0], :nv]
+            err = ValueError(f"{what}: the cell with vertices {bad.tolist()} has two different tags")
+        else:
+            tagged = lo[ci] <= hi[ci]
+            answer[tagged] = lo[ci][tagged]
+    check_collective(comm, err)
+    return ex.back(answer)
 
 
 def _local_graph(cell_ids: np.ndarray, neighbours: np.ndarray):
@@ -422,13 +464,8 @@ def distribute_cells(comm: Optional[MPI.Comm], cell_type: str, cells: np.ndarray
     ftags = None
     if tag_rows is not None:
         lc = np.searchsorted(my_ids, tag_rows[:, 0])
-        keys = _facet_keys(file_cells[lc], cell_type)            # (k, nf, nfv)
-        hit = (keys == tag_rows[:, None, 1:1 + nfv]).all(axis=2)
-        ftags = FacetTags(cells=torch.from_numpy(lc.astype(np.int64)),
-                          local_facet=torch.from_numpy(hit.argmax(axis=1).astype(np.int64)),
-                          values=torch.from_numpy(tag_rows[:, 1 + nfv].astype(np.int32)))
-        srt = np.lexsort((ftags.local_facet.numpy(), lc))
-        ftags = FacetTags(ftags.cells[srt], ftags.local_facet[srt], ftags.values[srt])
+        ftags = _facet_tags(lc, _local_facets(file_cells[lc], tag_rows[:, 1:1 + nfv], cell_type),
+                            tag_rows[:, 1 + nfv])
 
     return Mesh(comm=comm, cell_type=cell_type, dim=dim,
                 cells=torch.from_numpy(np.ascontiguousarray(node_ids[local_cells])),

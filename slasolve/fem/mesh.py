@@ -82,7 +82,8 @@ class Mesh:
         each node in ``node_ids``; ``None`` for generated meshes.
     original_cell_ids : for meshes read in parallel (XDMF), the index in the file's
         cells of each local cell; ``None`` otherwise.
-    cell_tags : ``(n_local_cells,)`` int32 tag (physical group) of each local cell, or ``None``.
+    cell_tags : ``(n_local_cells,)`` int32 tag (physical group) of each local cell, or ``None``;
+        ``-1`` on cells that a sparse tag set (DOLFINx meshtags) leaves untagged.
     facet_tags : :class:`FacetTags` of the local cells, or ``None``.
     """
 
@@ -298,6 +299,20 @@ def _boundary_points(cells: np.ndarray, cell: str, n_points: int) -> np.ndarray:
     return mask
 
 
+def _local_facets(cells: np.ndarray, keys: np.ndarray, cell: str) -> np.ndarray:
+    """Local. Which facet of ``cells[i]`` has the sorted vertices ``keys[i]`` (each must have one)."""
+    fk = np.sort(cells[:, np.asarray(CELL_FACETS[cell])], axis=2)          # (k, nf, nfv)
+    return (fk == keys[:, None, :]).all(axis=2).argmax(axis=1).astype(np.int64)
+
+
+def _facet_tags(cells: np.ndarray, local_facet: np.ndarray, values: np.ndarray) -> FacetTags:
+    """Local. :class:`FacetTags` sorted by cell, then facet."""
+    o = np.lexsort((local_facet, cells))
+    return FacetTags(torch.from_numpy(np.asarray(cells, np.int64)[o]),
+                     torch.from_numpy(np.asarray(local_facet, np.int64)[o]),
+                     torch.from_numpy(np.asarray(values, np.int32)[o]))
+
+
 def _node_graph(cells: np.ndarray, n: int):
     import scipy.sparse as sp
 
@@ -373,26 +388,63 @@ def _meshio_read(path: str):
                      f"({'; '.join(problems) or 'no reader for this suffix'})")
 
 
+_MESHIO_FACET = {"triangle": "line", "quad": "line", "tetra": "triangle", "hexahedron": "quad"}
+_TAG_KEYS = ("gmsh:physical", "cell_tags", "medit:ref")
+
+
+def _meshio_arrays(path: str, who: str):
+    """Rank 0: ``(cell type, cells, points, cell tags or None, (facet vertices, facet tags) or None)``
+    of a meshio-readable file, every problem a ``ValueError`` naming the file.
+
+    The blocks of the highest-dimensional cells must all be of one supported type (several
+    blocks of it are concatenated, in file order); blocks one dimension lower carry facet
+    tags and must be of that type's facet type. Tags are the first of ``_TAG_KEYS`` present
+    (gmsh physical groups, ...); facet blocks without tags carry nothing and are dropped."""
+    m = _meshio_read(path)
+    blocks = [(i, b.type, np.asarray(b.data)) for i, b in enumerate(m.cells) if len(b.data)]
+    if not blocks:
+        raise ValueError(f"{who}: {path!r} contains no cells")
+    tdim = max(MESHIO_DIM.get(t, -1) for _, t, _ in blocks)
+    types = sorted({t for _, t, _ in blocks if MESHIO_DIM.get(t, -1) == tdim})
+    if len(types) > 1:
+        raise ValueError(f"{who}: {path!r} mixes {tdim}-D cell types {types}: a Mesh holds one cell type "
+                         f"(one of {CELL_TYPES}); split the file into one mesh per type")
+    if types[0] not in CELL_DIM:
+        raise ValueError(f"{who}: {path!r} has {tdim}-D cells of type {types[0]!r}; supported: one of "
+                         f"{CELL_TYPES} (P1/Q1: no higher-order cells, wedges or pyramids)")
+    ct = types[0]
+    ftype = _MESHIO_FACET[ct]
+    key = next((k for k in _TAG_KEYS if k in m.cell_data), None)
+    lower = sorted({t for _, t, _ in blocks if MESHIO_DIM.get(t, -1) == tdim - 1})
+    if key is not None and any(t != ftype for t in lower):
+        raise ValueError(f"{who}: {path!r} has tagged facet elements {lower}; {ct} meshes need {ftype!r} facets")
+
+    def gather(kind):
+        sel = [(i, d) for i, t, d in blocks if t == kind]
+        cells = np.concatenate([d for _, d in sel]).astype(np.int64) if sel else None
+        tags = None
+        if key is not None and sel:
+            tags = np.concatenate([np.asarray(m.cell_data[key][i]).reshape(-1) for i, _ in sel])
+            if not np.issubdtype(tags.dtype, np.integer):
+                raise ValueError(f"{who}: {path!r}: tags {key!r} must be integers, got {tags.dtype}")
+            tags = tags.astype(np.int32)
+        return cells, tags
+
+    cells, ctags = gather(ct)
+    fcells, ftags = gather(ftype)
+    points = np.asarray(m.points, dtype=np.float64)
+    if fcells is not None and ftags is None:
+        fcells = None
+    return ct, cells, points, ctags, (None if fcells is None else (fcells, ftags))
+
+
 def _read_and_distribute(path, size: int, partition: str):
     """Rank 0: read, clean up, partition and split the mesh into one payload per rank."""
-    import meshio
-
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"read_mesh: no such file: {path!r}")
-    m = _meshio_read(path)
-    blocks = [(b.type, np.asarray(b.data)) for b in m.cells if len(b.data)]
-    if not blocks:
-        raise ValueError(f"read_mesh: {path!r} contains no cells")
-    tdim = max(MESHIO_DIM.get(t, -1) for t, _ in blocks)
-    types = sorted({t for t, _ in blocks if MESHIO_DIM.get(t, -1) == tdim})
-    if len(types) != 1 or types[0] not in CELL_DIM:
-        raise ValueError(f"read_mesh: the highest-dimensional cells of {path!r} are {types}; "
-                         f"supported: one of {CELL_TYPES}")
-    cell = types[0]
+    cell, cells, points, ctags, ftags = _meshio_arrays(path, "read_mesh")
     dim = CELL_DIM[cell]
-    cells = np.concatenate([d for t, d in blocks if t == cell]).astype(np.int64)
-    points = np.asarray(m.points, dtype=np.float64)
     if points.ndim != 2 or points.shape[1] < dim:
         raise ValueError(f"read_mesh: {path!r} has {points.shape[-1]}-D points for {dim}-D {cell} cells")
     if points.shape[1] > dim:
@@ -405,6 +457,16 @@ def _read_and_distribute(path, size: int, partition: str):
         raise ValueError(f"read_mesh: {path!r} has cells referring to missing points")
     if not np.all(np.isfinite(points)):
         raise ValueError(f"read_mesh: {path!r} has non-finite point coordinates")
+    tag_rows = None
+    if ftags is not None:
+        from .distribute import _match_facets
+
+        if ftags[0].min() < 0 or ftags[0].max() >= points.shape[0]:
+            raise ValueError(f"read_mesh: {path!r} has facets referring to missing points")
+        # [cell, sorted facet vertices, value] of every tagged facet (rank 0 holds the mesh anyway)
+        tag_rows = _match_facets(MPI.COMM_SELF, cells, np.arange(cells.shape[0], dtype=np.int64), cell,
+                                 points.shape[0], ftags, np.array([0, cells.shape[0]]),
+                                 f"read_mesh({path!r})").tag_rows
     # keep only the points used by these cells
     used = np.unique(cells)
     n = used.size
@@ -429,12 +491,25 @@ def _read_and_distribute(path, size: int, partition: str):
     order = np.argsort(owner, kind="stable")
     cell_off = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=size))])
     payloads = []
+    if tag_rows is not None:
+        nfv = len(CELL_FACETS[cell][0])
+        position = np.empty(order.size, dtype=np.int64)      # cell -> its row in its rank's cells
+        position[order] = np.arange(order.size) - cell_off[owner[order]]
+        t_cell, t_keys = tag_rows[:, 0], np.searchsorted(used, tag_rows[:, 1:1 + nfv])
+        t_rank = owner[t_cell]
     for r in range(size):
         cr = new_cells[order[cell_off[r]:cell_off[r + 1]]]
         ids = np.union1d(np.arange(offsets[r], offsets[r + 1]), cr.reshape(-1)).astype(np.int64)
         old = perm[ids]
         payloads.append(dict(cells=cr, node_ids=ids, coords=points[old], boundary=boundary[old],
                              original=used[old], owned=(int(offsets[r]), int(offsets[r + 1]))))
+        if ctags is not None:
+            payloads[-1]["cell_tags"] = ctags[order[cell_off[r]:cell_off[r + 1]]]
+        if tag_rows is not None:
+            sel = t_rank == r
+            lc = position[t_cell[sel]]
+            lf = _local_facets(cells[t_cell[sel]], t_keys[sel], cell)
+            payloads[-1]["facet_tags"] = (lc, lf, tag_rows[sel, 1 + nfv].astype(np.int32))
     meta = dict(cell=cell, dim=dim, n_nodes=int(n), n_cells=int(cells.shape[0]))
     return meta, payloads
 
@@ -462,17 +537,24 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
     partitioned in parallel and redistributed (:func:`slasolve.fem.xdmf.read_xdmf_mesh`:
     ``partition`` ``None`` reuses the layout saved by ``write_xdmf`` on as many ranks, else
     PT-Scotch through PETSc; ``"ptscotch"``, ``"metis"``, ``"block"``, ``"saved"``). Cell
-    tags (a ``Cell`` attribute ``cell_tags`` / ``gmsh:physical`` of the mesh grid) and facet
-    tags (a grid of the facet type with an attribute) are kept in ``mesh.cell_tags`` and
+    tags (a ``Cell`` attribute ``cell_tags`` / ``gmsh:physical`` of the mesh grid, or, as
+    DOLFINx's ``XDMFFile.write_meshtags`` writes them, a grid of the cell type including the
+    mesh's Geometry, matched to the cells by vertex set in parallel) and facet tags (a grid
+    of the facet type with an attribute) are kept in ``mesh.cell_tags`` and
     ``mesh.facet_tags``; ``mesh.original_ids`` / ``mesh.original_cell_ids`` give the
-    file's point / cell index of each local node / cell. Convert other formats once with
-    :func:`slasolve.fem.convert_mesh`.
+    file's point / cell index of each local node / cell. Grids of two cell types of the
+    top dimension (mixed volume cells) raise ``ValueError`` naming the file and the types.
+    Convert other formats once with :func:`slasolve.fem.convert_mesh`.
 
     **Other formats**, and XDMF files with several cell blocks (a ``Mixed`` topology) or
     inline data (meshio on rank 0, for meshes that fit on one node): as follows.
     Rank 0 reads the file (only ``path`` on rank 0 is used) and keeps the block(s)
     of the highest-dimensional cell type (one of ``triangle``, ``quad``, ``tetra``,
-    ``hexahedron``); points not used by those cells are dropped, and flat 2-D
+    ``hexahedron``; two types of that dimension, e.g. triangles and quads, raise
+    ``ValueError`` naming the file and the types), with their tags (gmsh physical groups,
+    ``cell_tags`` or ``medit:ref``) in ``mesh.cell_tags`` and the tagged blocks of
+    their facet type (lines, triangles or quads) in ``mesh.facet_tags``, as
+    :func:`slasolve.fem.convert_mesh` keeps them; points not used by those cells are dropped, and flat 2-D
     meshes stored with 3-D points lose the constant z. Cells are reoriented to
     positive orientation. Nodes are partitioned with ``partition`` (a method of
     :func:`slasolve.partition.partition`: ``"metis"`` (default), ``"rcb"``, ``"hilbert"``,
@@ -530,7 +612,9 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
                 node_coords=torch.from_numpy(np.ascontiguousarray(mine["coords"])).to(dtype),
                 owned_range=mine["owned"], n_global_nodes=meta["n_nodes"], n_global_cells=meta["n_cells"],
                 boundary_mask=torch.from_numpy(mine["boundary"]),
-                original_ids=torch.from_numpy(mine["original"].astype(np.int64)))
+                original_ids=torch.from_numpy(mine["original"].astype(np.int64)),
+                cell_tags=torch.from_numpy(mine["cell_tags"]) if "cell_tags" in mine else None,
+                facet_tags=_facet_tags(*mine["facet_tags"]) if "facet_tags" in mine else None)
 
 
 # --------------------------------------------------------------------------- VTU output

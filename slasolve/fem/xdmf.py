@@ -44,7 +44,7 @@ from mpi4py import MPI
 
 from .._comm import check_collective, get_comm, settings_digest
 from .cells import CELL_DIM, CELL_FACETS, CELL_VERTICES
-from .mesh import Mesh, _balanced_split, _np, register_mesh_reader
+from .mesh import Mesh, _balanced_split, _np, _meshio_arrays, register_mesh_reader
 
 if TYPE_CHECKING:
     from ..dsparse import DSparseTensor
@@ -110,13 +110,24 @@ def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[st
                 f.create_dataset(name, shape=shape, dtype=dtype, dcpl=dcpl)
             else:
                 f.create_dataset(name, shape=shape, dtype=dtype)
-        for k, v in attrs.items():
-            f.attrs[k] = v
 
     def fill(f):
         for name, _, _, start, data in plan.items:
             if data.shape[0]:
                 f[name][start:start + data.shape[0]] = data
+
+    def finish():
+        # the attributes (write_xdmf's registry) last: a write failing before leaves the
+        # file's registry naming only complete datasets
+        err = None
+        if rank == 0:
+            try:
+                with h5py.File(h5file, "r+") as f:
+                    for k, v in attrs.items():
+                        f.attrs[k] = v
+            except Exception as e:  # noqa: BLE001
+                err = OSError(f"cannot write {label}: {type(e).__name__}: {e}")
+        check_collective(comm, err)
 
     err = None
     if size > 1 and _mpi_hdf5(h5py):
@@ -140,6 +151,7 @@ def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[st
         except Exception as e:  # noqa: BLE001
             err = err or OSError(f"cannot write {label}: {type(e).__name__}: {e}")
         check_collective(comm, err)
+        finish()
         return
     # serial HDF5: rank 0 creates the datasets, then the ranks write their rows in turn
     if rank == 0:
@@ -148,6 +160,8 @@ def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[st
                 create(f)
                 if size == 1:
                     fill(f)
+                    for k, v in attrs.items():
+                        f.attrs[k] = v
         except Exception as e:  # noqa: BLE001
             err = OSError(f"cannot write {label}: {type(e).__name__}: {e}")
     check_collective(comm, err)
@@ -162,6 +176,7 @@ def _execute(comm: MPI.Comm, h5file: str, mode: str, plan: _Plan, attrs: Dict[st
                 err = OSError(f"cannot write {label}: {type(e).__name__}: {e}")
         comm.Barrier()
     check_collective(comm, err)
+    finish()
 
 
 def _mpi_hdf5(h5py) -> bool:
@@ -255,6 +270,87 @@ def _field_arrays(mesh: Mesh, data, kind: str) -> Dict[str, np.ndarray]:
     return out
 
 
+def _numbering_digest(comm: Optional[MPI.Comm], cell_ids: np.ndarray, cells: np.ndarray) -> int:
+    """Collective (local with ``comm=None``). An order-free 64-bit digest of the cells' file
+    ids and vertex sets: equal for two numberings of one mesh only if they number its cells
+    and nodes alike (min, max, sum and sum of squares of each cell's vertex ids, hashed with
+    the cell id; the per-cell hashes summed modulo 2**64)."""
+    u = np.uint64
+
+    def mix(x):     # the splitmix64 finaliser
+        x = (x ^ (x >> u(30))) * u(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> u(27))) * u(0x94D049BB133111EB)
+        return x ^ (x >> u(31))
+
+    c = np.asarray(cells, np.int64).astype(u)
+    h = mix(np.asarray(cell_ids, np.int64).astype(u) + u(0x9E3779B97F4A7C15))
+    for col in (c.min(axis=1), c.max(axis=1), c.sum(axis=1), (c * c).sum(axis=1)):
+        h = mix(h ^ col)
+    local = int(h.sum(dtype=u)) if h.size else 0
+    return sum(comm.allgather(local) if comm is not None else [local]) % 2 ** 64
+
+
+def _file_numbering(mesh: Mesh, reg: dict, h5file: str, c0: int) -> str:
+    """Collective. How ``mesh`` numbers the nodes and cells of the file set ``reg``:
+    ``"global"`` (its global ids and its cells rank after rank: the mesh it was written
+    from, or one read back on as many ranks) or ``"original"`` (``original_ids`` /
+    ``original_cell_ids``: a mesh read from it on another layout). ``ValueError`` on every
+    rank when neither is the file's numbering."""
+    comm = mesh.comm
+    cells = mesh.cells.numpy()
+    has_orig = mesh.original_ids is not None and mesh.original_cell_ids is not None
+    want = reg.get("digest")
+    if want is None:     # a file set written before digests: only a mesh numbered as written
+        same = (not has_orig) or (bool(np.array_equal(_np(mesh.original_ids), mesh.node_ids.numpy())) and bool(
+            np.array_equal(_np(mesh.original_cell_ids), c0 + np.arange(cells.shape[0]))))
+        if comm.allreduce(int(same), op=MPI.MIN) if comm.Get_size() > 1 else same:
+            return "global"
+    elif _numbering_digest(comm, c0 + np.arange(cells.shape[0], dtype=np.int64), cells) == want:
+        return "global"
+    elif comm.allreduce(int(has_orig), op=MPI.MIN) if comm.Get_size() > 1 else has_orig:
+        local = _np(mesh.original_ids)[mesh.local_cells().numpy()]
+        if _numbering_digest(comm, _np(mesh.original_cell_ids), local) == want:
+            return "original"
+    check_collective(comm, ValueError(
+        f"append: {h5file!r} numbers its mesh differently from this mesh (append from the mesh it was written "
+        f"from, or from one read from it with slasolve.fem.read_mesh)"))
+    return ""
+
+
+def _to_file_rows(comm: MPI.Comm, rows: np.ndarray, file_ids: np.ndarray, n: int) -> Tuple[np.ndarray, int]:
+    """Collective. ``(rows in file order, start)``: this rank's slice of the balanced split of
+    ``n`` file rows, from every rank's ``rows`` at ``file_ids`` (together a permutation)."""
+    from .distribute import _Exchange
+
+    split = _balanced_split(n, comm.Get_size()).astype(np.int64)
+    dest = np.searchsorted(split, file_ids, side="right") - 1
+    ids = _Exchange(comm, np.asarray(file_ids, np.int64), dest).recv
+    vals = _Exchange(comm, np.ascontiguousarray(rows), dest).recv
+    out = np.empty_like(vals)
+    out[ids - split[comm.Get_rank()]] = vals
+    return out, int(split[comm.Get_rank()])
+
+
+def _plan_matrices(comm: MPI.Comm, plan: "_Plan", mdata: Dict[str, tuple], group, mesh: Mesh,
+                   to_file: Optional[np.ndarray]) -> None:
+    """Collective. Add the matrices' triplets to ``plan`` under ``group(name)``, rank after
+    rank; with ``to_file`` (the file id of each owned node, in id order), their node ids
+    mapped to the file's (a column may be a node that no local cell touches: its file id
+    comes from its owner)."""
+    from .distribute import fetch_rows
+
+    rank = comm.Get_rank()
+    n_off = np.concatenate([[0], np.cumsum(comm.allgather(mesh.n_owned))]).astype(np.int64)
+    for name, (shape, (rows, cols, vals)) in sorted(mdata.items()):
+        if to_file is not None:
+            rows, cols = to_file[rows - n_off[rank]], fetch_rows(comm, n_off, to_file, cols)
+        nz_off = np.concatenate([[0], np.cumsum(comm.allgather(rows.shape[0]))]).astype(np.int64)
+        nnz, z0 = int(nz_off[-1]), int(nz_off[rank])
+        plan.add(f"{group(name)}/row", (nnz,), rows, z0)
+        plan.add(f"{group(name)}/col", (nnz,), cols, z0)
+        plan.add(f"{group(name)}/value", (nnz, *vals.shape[1:]), vals, z0)
+
+
 def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
                point_data: Optional[Dict[str, Union[torch.Tensor, np.ndarray]]] = None,
                cell_data: Optional[Dict[str, Union[torch.Tensor, np.ndarray]]] = None,
@@ -273,14 +369,18 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
         number adds them as the next step of the time series (``/Function/<name>/<k>``).
     append : ``False`` (default) writes a new file set (mesh, tags, layout and fields);
         ``True`` adds a time step (``time`` required) to a file set written by
-        :func:`write_xdmf` for the same mesh.
+        :func:`write_xdmf` for the same mesh: the mesh it was written from, or one read
+        from it by :func:`slasolve.fem.read_mesh` on any number of ranks (the rows then go
+        to the file's numbering through ``original_ids`` / ``original_cell_ids``; which
+        numbering applies is told by a digest of the cells saved in the file).
     matrices : name -> a node-by-node :class:`~slasolve.DSparseTensor` assembled on
         ``mesh`` (``global_shape`` ``(n_nodes, n_nodes)`` or ``(n_nodes, n_nodes, bs, bs)``,
         owned block rows = ``mesh.owned_range``, e.g. from
         :meth:`slasolve.fem.Assembler.assemble_matrix`), saved as ``(row, col, value)``
-        triplets in the file's node numbering (``/Matrix/<name>/{row,col,value}``, every
-        rank its owned rows); :func:`read_matrix` loads one on any number of ranks. Only
-        with a new file set (not with ``append``).
+        triplets in the file's node numbering (``/Matrix/<name>/{row,col,value}`` with a
+        new file set, ``/Matrix/<name>/<k>/...`` with the ``k``-th time step when
+        ``append``; every rank its owned rows); :func:`read_matrix` loads one on any
+        number of ranks.
 
     Returns
     -------
@@ -297,8 +397,9 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
     A new file set is written under temporary names next to the targets and renamed
     (the ``.h5`` first, then the index) only after every rank has written its part, so
     a failure raises on every rank and leaves existing files as they were. ``append``
-    writes into the existing ``.h5`` and replaces the index only on success: a failure
-    leaves the index naming the previous steps only. Bad arguments, or arguments that
+    writes new datasets into the existing ``.h5`` and updates its registry and the index
+    only after every rank has written its rows: a failure leaves both naming the previous
+    steps only (the datasets of the failed step are replaced by the next append). Bad arguments, or arguments that
     differ between ranks, raise on every rank.
     """
     if not isinstance(mesh, Mesh):
@@ -316,8 +417,6 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
             raise ValueError(f"time must be finite, got {time!r}")
         pdata = _field_arrays(mesh, point_data, "point_data")
         cdata = _field_arrays(mesh, cell_data, "cell_data")
-        if matrices and append:
-            raise ValueError("matrices are written with the mesh (a new file set), not with append=True")
         mdata = _matrix_triplets(mesh, matrices)
     except (ValueError, TypeError, ImportError) as e:
         err = e
@@ -354,8 +453,22 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
         check_collective(comm, err)
         reg = comm.bcast(reg, root=0)
         k = len(reg["steps"])
-        add_fields(lambda nm: f"/Function/{nm}/{k}", lambda nm: f"/Function/{nm}/{k}")
-        reg["steps"].append({"time": float(time), "point": tails["point"], "cell": tails["cell"]})
+        if _file_numbering(mesh, reg, h5file, c0) == "global":
+            add_fields(lambda nm: f"/Function/{nm}/{k}", lambda nm: f"/Function/{nm}/{k}")
+            to_file = None
+        else:   # a mesh read from this file on another layout: rows go to the file's numbering
+            own_ids = _np(mesh.original_ids)[mesh.owned_mask().numpy()]
+            for name, a in sorted(pdata.items()):
+                plan.add(f"/Function/{name}/{k}", (nn, *a.shape[1:]), *_to_file_rows(comm, a, own_ids, nn))
+            for name, a in sorted(cdata.items()):
+                plan.add(f"/Function/{name}/{k}", (nc, *a.shape[1:]),
+                         *_to_file_rows(comm, a, _np(mesh.original_cell_ids), nc))
+            to_file = own_ids
+        step = {"time": float(time), "point": tails["point"], "cell": tails["cell"]}
+        if mdata:
+            _plan_matrices(comm, plan, mdata, lambda nm: f"/Matrix/{nm}/{k}", mesh, to_file)
+            step["matrices"] = mtails
+        reg["steps"].append(step)
         _execute(comm, h5file, "r+", plan, {_REGISTRY: json.dumps(reg)})
         _replace_index(comm, path, _xdmf_text(reg, os.path.basename(h5file)) if rank == 0 else None)
         return path
@@ -382,12 +495,8 @@ def write_xdmf(path: Union[str, os.PathLike], mesh: Mesh,
         plan.add("/Mesh/facet_values", (n_ft,), ft.values.numpy().astype(np.int32), int(f_off[rank]))
     reg = {"cell_type": mesh.cell_type, "dim": mesh.dim, "n_cells": nc, "n_nodes": nn, "cell_tags": bool(has_ct),
            "n_facet_tags": n_ft, "point_data": {}, "cell_data": {}, "steps": [], "matrices": mtails}
-    for name, (shape, (rows, cols, vals)) in sorted(mdata.items()):
-        nz_off = np.concatenate([[0], np.cumsum(comm.allgather(rows.shape[0]))]).astype(np.int64)
-        nnz, z0 = int(nz_off[-1]), int(nz_off[rank])
-        plan.add(f"/Matrix/{name}/row", (nnz,), rows, z0)
-        plan.add(f"/Matrix/{name}/col", (nnz,), cols, z0)
-        plan.add(f"/Matrix/{name}/value", (nnz, *vals.shape[1:]), vals, z0)
+    reg["digest"] = _numbering_digest(comm, c0 + np.arange(mesh.n_local_cells, dtype=np.int64), mesh.cells.numpy())
+    _plan_matrices(comm, plan, mdata, lambda nm: f"/Matrix/{nm}", mesh, None)
     if time is None:
         add_fields(lambda nm: f"/PointData/{nm}", lambda nm: f"/CellData/{nm}")
         reg["point_data"], reg["cell_data"] = tails["point"], tails["cell"]
@@ -478,35 +587,41 @@ class _Index:
         if root.tag != "Xdmf" or domain is None:
             raise ValueError(f"{path!r} is not an XDMF file (no Xdmf/Domain)")
         grids = [g for g in domain.findall("Grid") if g.get("GridType", "Uniform") == "Uniform"]
-        self.mesh_grid, self.cell_type = None, None
-        for g in grids:
-            t = g.find("Topology")
-            kind = (t.get("TopologyType") or t.get("Type") or "").lower() if t is not None else ""
-            if kind in _FROM_XDMF and (self.cell_type is None or CELL_DIM[_FROM_XDMF[kind]] > CELL_DIM[self.cell_type]):
-                self.mesh_grid, self.cell_type = g, _FROM_XDMF[kind]
-        if self.mesh_grid is None and any((g.find("Topology") is not None and (
-                g.find("Topology").get("TopologyType") or "").lower() == "mixed") for g in grids):
+        kinds = [((g.find("Topology").get("TopologyType") or g.find("Topology").get("Type") or "").lower()
+                  if g.find("Topology") is not None else "") for g in grids]
+        volume = [(g, _FROM_XDMF[k]) for g, k in zip(grids, kinds) if k in _FROM_XDMF]
+        if not volume and "mixed" in kinds:
             raise SerialOnlyXdmf(f"{path!r}: a Mixed topology (several cell blocks)")
-        if self.mesh_grid is None:
-            kinds = sorted({(g.find("Topology").get("TopologyType") or "?") for g in grids
-                            if g.find("Topology") is not None})
+        if not volume:
             raise ValueError(f"{path!r}: no grid of a supported cell type (triangle, quadrilateral, tetrahedron, "
-                             f"hexahedron); found topologies {kinds}")
+                             f"hexahedron); found topologies {sorted(set(kinds) - {''})}")
+        tdim = max(CELL_DIM[ct] for _, ct in volume)
+        top = [(g, ct) for g, ct in volume if CELL_DIM[ct] == tdim]
+        if len({ct for _, ct in top}) > 1:
+            raise ValueError(f"{path!r} mixes {tdim}-D cell types "
+                             f"{sorted({(g.get('Name') or '?') + ': ' + ct for g, ct in top})}: a Mesh holds one "
+                             f"cell type; write one file (or one grid) per type")
+        # the mesh: the first top-dimensional grid with a Geometry of its own; grids of the same
+        # cell type that include another's Geometry (DOLFINx's write_meshtags) carry cell tags
+        own = [(g, ct) for g, ct in top if g.find("Geometry") is not None]
+        self.mesh_grid, self.cell_type = own[0] if own else top[0]
         self.topology = self._item(self.mesh_grid.find("Topology"))
         geo = self.mesh_grid.find("Geometry")
         gtype = (geo.get("GeometryType") or geo.get("Type") or "XYZ") if geo is not None else None
         if geo is None or gtype not in ("XY", "XYZ"):
             raise ValueError(f"{path!r}: the mesh grid needs a Geometry of type XY or XYZ, got {gtype}")
         self.geometry = self._item(geo)
-        self.facet_tags = None
+        self.facet_tags, self.cell_tag_grid = None, None
         nfv = len(CELL_FACETS[self.cell_type][0])
-        for g in grids:
+        for g, k in zip(grids, kinds):
             t = g.find("Topology")
             a = g.find("Attribute")
-            if g is self.mesh_grid or t is None or a is None:
+            if g is self.mesh_grid or t is None or a is None or (a.get("Center") or "Node") != "Cell":
                 continue
-            if _FACET_XDMF.get((t.get("TopologyType") or "").lower()) == nfv and self.facet_tags is None:
+            if _FACET_XDMF.get(k) == nfv and self.facet_tags is None:
                 self.facet_tags = (self._item(t), self._item(a))
+            elif _FROM_XDMF.get(k) == self.cell_type and g.find("Geometry") is None and self.cell_tag_grid is None:
+                self.cell_tag_grid = (self._item(t), self._item(a))
         self.cell_tags = None
         for a in self.mesh_grid.findall("Attribute"):
             if a.get("Center") == "Cell" and a.get("Name") in ("cell_tags", "gmsh:physical", "cell_markers"):
@@ -682,6 +797,23 @@ def read_xdmf_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = Non
         cell_tags = np.asarray(cell_tags).reshape(-1)
         check_collective(comm, None if np.issubdtype(cell_tags.dtype, np.integer) else ValueError(
             f"{what}: cell tags must be integers, got {cell_tags.dtype}"))
+    if cell_tags is None and idx.cell_tag_grid is not None:     # DOLFINx: tags in a grid of their own, by vertex sets
+        from .distribute import match_cell_tags
+
+        (nct, nv_t), tcells, trows = _read_rows(comm, idx.cell_tag_grid[0], what)
+        _, tvals, _ = _read_rows(comm, idx.cell_tag_grid[1], what, n_expect=nct, rows=trows)
+        tvals = np.asarray(tvals).reshape(-1)
+        err = None
+        if nv_t != nv:
+            err = ValueError(f"{what}: the cell tags' topology has {nv_t} nodes per cell, the mesh {nv}")
+        elif tvals.shape[0] != tcells.shape[0] or not np.issubdtype(tvals.dtype, np.integer):
+            err = ValueError(f"{what}: cell tags must be one integer per tagged cell, got {tvals.dtype} "
+                             f"of shape {tvals.shape}")
+        elif tcells.size and (tcells.min() < 0 or tcells.max() >= n_points):
+            err = ValueError(f"{what}: cell tags refer to points outside 0..{n_points - 1}")
+        check_collective(comm, err)
+        cell_tags = match_cell_tags(comm, np.asarray(cells, np.int64), np.asarray(tcells, np.int64), tvals,
+                                    n_points, what)
     facet_tags = None
     if idx.facet_tags is not None:
         (nft, nfv), fv, frows = _read_rows(comm, idx.facet_tags[0], what)
@@ -819,11 +951,13 @@ def _registry(comm: MPI.Comm, h5file: str, what: str) -> dict:
     return comm.bcast(reg, root=0) if comm.Get_size() > 1 else reg
 
 
-def read_matrix(path: Union[str, os.PathLike], mesh: Mesh, name: str) -> "DSparseTensor":
+def read_matrix(path: Union[str, os.PathLike], mesh: Mesh, name: str, step: Optional[int] = None) -> "DSparseTensor":
     """Collective. A matrix saved by ``write_xdmf(..., matrices={name: A})``, on ``mesh``.
 
     ``mesh`` must have been read from the same file (by :func:`slasolve.fem.read_mesh`, on
-    any number of ranks). Returns a row-sharded :class:`~slasolve.DSparseTensor` whose block
+    any number of ranks). ``step``: ``None`` for a matrix written with the mesh (a new file
+    set), else the index of the time step it was appended with (``-1``: the last), as in
+    :func:`read_point_data`. Returns a row-sharded :class:`~slasolve.DSparseTensor` whose block
     rows and columns are ``mesh``'s global node ids, each rank owning the rows of its owned
     nodes (the layout :meth:`slasolve.fem.Assembler.assemble_matrix` gives on ``mesh``),
     with the saved values bit for bit.
@@ -843,18 +977,30 @@ def read_matrix(path: Union[str, os.PathLike], mesh: Mesh, name: str) -> "DSpars
     what = f"read matrix {name!r} from {os.fspath(path)!r}"
     h5file = idx.topology[0]
     reg = _registry(comm, h5file, what)
-    info = (reg.get("matrices") or {}).get(name)
-    err = None
-    if info is None:
-        err = ValueError(f"{what}: no such matrix (saved: {sorted(reg.get('matrices') or {})})")
+    steps = reg.get("steps") or []
+    saved = [f"{m} (step {k})" for k, st in enumerate(steps) for m in sorted(st.get("matrices") or {})]
+    saved = sorted(reg.get("matrices") or {}) + saved
+    err, info, group = None, None, f"/Matrix/{name}"
+    if step is not None and not (isinstance(step, (int, np.integer)) and -len(steps) <= step < len(steps)):
+        err = ValueError(f"{what}: step {step!r} out of range: the file has {len(steps)} time step(s)")
+    elif step is None:
+        info = (reg.get("matrices") or {}).get(name)
+    else:
+        k = int(step) % len(steps)
+        info, group = (steps[k].get("matrices") or {}).get(name), f"/Matrix/{name}/{k}"
+    if err is not None:
+        pass
+    elif info is None:
+        err = ValueError(f"{what}: no such matrix" + ("" if step is None else f" in step {step}")
+                         + f" (saved: {saved})")
     elif reg["n_nodes"] != mesh.n_global_nodes or reg["n_cells"] != mesh.n_global_cells:
         err = ValueError(f"{what}: the file's mesh ({reg['n_cells']} cells, {reg['n_nodes']} nodes) is not "
                          f"this mesh ({mesh.n_global_cells}, {mesh.n_global_nodes})")
     check_collective(comm, err)
     shape = tuple(int(x) for x in info[0])
-    (nnz,), rows, nz_rows = _read_rows(comm, (h5file, f"/Matrix/{name}/row"), what)
-    _, cols, _ = _read_rows(comm, (h5file, f"/Matrix/{name}/col"), what, n_expect=nnz, rows=nz_rows)
-    vshape, vals, _ = _read_rows(comm, (h5file, f"/Matrix/{name}/value"), what, n_expect=nnz, rows=nz_rows)
+    (nnz,), rows, nz_rows = _read_rows(comm, (h5file, f"{group}/row"), what)
+    _, cols, _ = _read_rows(comm, (h5file, f"{group}/col"), what, n_expect=nnz, rows=nz_rows)
+    vshape, vals, _ = _read_rows(comm, (h5file, f"{group}/value"), what, n_expect=nnz, rows=nz_rows)
     nn = mesh.n_global_nodes
     err = None
     if vshape[1:] != shape[2:]:
@@ -887,52 +1033,6 @@ def read_matrix(path: Union[str, os.PathLike], mesh: Mesh, name: str) -> "DSpars
 
 
 # --------------------------------------------------------------------------- conversion
-_MESHIO_FACET = {"triangle": "line", "quad": "line", "tetra": "triangle", "hexahedron": "quad"}
-_TAG_KEYS = ("gmsh:physical", "cell_tags", "medit:ref")
-
-
-def _meshio_to_arrays(src: str):
-    """Rank 0: cells, points, cell tags and facet tags of a meshio-readable file."""
-    from .cells import MESHIO_DIM
-    from .mesh import _meshio_read
-
-    if not os.path.exists(src):
-        raise FileNotFoundError(f"convert_mesh: no such file: {src!r}")
-    m = _meshio_read(src)
-    blocks = [(i, b.type, np.asarray(b.data)) for i, b in enumerate(m.cells) if len(b.data)]
-    if not blocks:
-        raise ValueError(f"convert_mesh: {src!r} contains no cells")
-    tdim = max(MESHIO_DIM.get(t, -1) for _, t, _ in blocks)
-    types = sorted({t for _, t, _ in blocks if MESHIO_DIM.get(t, -1) == tdim})
-    if len(types) != 1 or types[0] not in CELL_DIM:
-        raise ValueError(f"convert_mesh: {src!r} has {tdim}-D cells of type(s) {types}; supported: one of "
-                         f"triangle, quad, tetra, hexahedron (P1/Q1; no higher-order or mixed volume cells)")
-    ct = types[0]
-    ftype = _MESHIO_FACET[ct]
-    lower = sorted({t for _, t, _ in blocks if MESHIO_DIM.get(t, -1) == tdim - 1})
-    if any(t != ftype for t in lower):
-        raise ValueError(f"convert_mesh: {src!r} has facet elements {lower}; {ct} meshes need {ftype!r} facets")
-    key = next((k for k in _TAG_KEYS if k in m.cell_data), None)
-
-    def gather(kind):
-        sel = [(i, d) for i, t, d in blocks if t == kind]
-        cells = np.concatenate([d for _, d in sel]).astype(np.int64) if sel else None
-        tags = None
-        if key is not None and sel:
-            tags = np.concatenate([np.asarray(m.cell_data[key][i]).reshape(-1) for i, _ in sel]).astype(np.int32)
-        return cells, tags
-
-    cells, ctags = gather(ct)
-    fcells, ftags = gather(ftype)
-    points = np.asarray(m.points, dtype=np.float64)
-    dim = CELL_DIM[ct]
-    if points.shape[1] > dim and np.all(points[:, dim:] == points[:1, dim:]):
-        points = points[:, :dim]
-    if fcells is not None and ftags is None:
-        fcells = None     # facet elements without physical groups carry nothing to keep
-    return ct, cells, points, ctags, (None if fcells is None else (fcells, ftags))
-
-
 def convert_mesh(src: Union[str, os.PathLike], dst: Union[str, os.PathLike],
                  comm: Optional[MPI.Comm] = None) -> str:
     """Collective. Convert a mesh file (gmsh ``.msh`` v2/v4, VTK, ...) to XDMF + HDF5, once.
@@ -961,13 +1061,19 @@ def convert_mesh(src: Union[str, os.PathLike], dst: Union[str, os.PathLike],
     if comm.Get_rank() == 0:
         try:
             h5py = _h5py()
-            ct, cells, points, ctags, ftags = _meshio_to_arrays(src)
+            if not os.path.exists(src):
+                raise FileNotFoundError(f"convert_mesh: no such file: {src!r}")
+            ct, cells, points, ctags, ftags = _meshio_arrays(src, "convert_mesh")
+            dim = CELL_DIM[ct]
+            if points.shape[1] > dim and np.all(points[:, dim:] == points[:1, dim:]):
+                points = points[:, :dim]
             if ftags is not None and (ftags[0].min() < 0 or ftags[0].max() >= points.shape[0]):
                 raise ValueError(f"convert_mesh: {src!r} has facets referring to missing points")
             reg = {"cell_type": ct, "dim": points.shape[1], "n_cells": int(cells.shape[0]),
                    "n_nodes": int(points.shape[0]), "cell_tags": ctags is not None,
                    "n_facet_tags": None if ftags is None else int(ftags[0].shape[0]),
-                   "point_data": {}, "cell_data": {}, "steps": []}
+                   "point_data": {}, "cell_data": {}, "steps": [],
+                   "digest": _numbering_digest(None, np.arange(cells.shape[0], dtype=np.int64), cells)}
             h5file = _h5_path(dst)
             tmp = os.path.join(os.path.dirname(dst), f".{os.path.basename(h5file)}.tmp-{os.getpid()}")
             try:
