@@ -131,8 +131,8 @@ def run_benchmark(n=500, k=6, tol=1e-8, repeat=2, comm=None, torch_backend=True,
     def raw(factor="lu"):
         eps = SLEPc.EPS().create(comm=comm)
         eps.setOperators(mat)
-        configure_eps(eps, k=k, which="LM", sigma=0.0, tol=tol, maxiter=None, ncv=None, generalized=False,
-                      factor=factor)
+        configure_eps(eps, k=k, which="LM", sigma=0.0, tol=tol, maxiter=None, ncv=None, generalized=False)
+        eps.getST().getKSP().getPC().setType(factor)
         eps.setInitialSpace([x0])
         eps.setFromOptions()
         eps.solve()
