@@ -132,7 +132,10 @@ def run_benchmark(n=500, k=6, tol=1e-8, repeat=2, comm=None, torch_backend=True,
         eps = SLEPc.EPS().create(comm=comm)
         eps.setOperators(mat)
         configure_eps(eps, k=k, which="LM", sigma=0.0, tol=tol, maxiter=None, ncv=None, generalized=False)
-        eps.getST().getKSP().getPC().setType(factor)
+        pc = eps.getST().getKSP().getPC()
+        if pc.getType() != factor:
+            pc.setType(factor)      # resets the solver package: MUMPS again
+            pc.setFactorSolverType("mumps")
         eps.setInitialSpace([x0])
         eps.setFromOptions()
         eps.solve()
