@@ -9,17 +9,25 @@ Compared, in the same run and with identical settings (shift-and-invert at
 ``sigma = 0``, Krylov-Schur, LU by MUMPS, ``tol``, ``nev = k``, the same
 initial vector, SLEPc's default ``ncv``):
 
-* ``slepc4py``    -- raw slepc4py on a Mat assembled directly by PETSc;
+* ``slepc4py``    -- raw slepc4py on a Mat assembled directly by PETSc, the ST's
+  factorisation MUMPS LU (SLEPc's default unless the Mat is flagged symmetric);
+* ``slepc4py-cholesky`` -- the same with MUMPS' LDL^T (``-st_pc_type cholesky``,
+  SLEPc's default for a Mat flagged ``MAT_SYMMETRIC``);
 * ``slasolve-slepc`` -- ``slasolve.eigsh(dA, k, sigma=0, backend="slepc")``
-  (the full call: input checks, EPS, sign convention, explicit residuals);
+  (the full call: input checks, EPS, the multiplicity verification -- here an
+  inertia count, a numeric refactorisation of its shift-invert LDL^T --, sign
+  convention, explicit residuals);
 * ``slasolve-torch`` -- ``slasolve.eigsh(dA, k, which="SA", backend="torch")``
   (native LOBPCG, block-Jacobi IC(0) preconditioner by default; ``--torch-pc``);
 * ``scipy-arpack`` -- ``scipy.sparse.linalg.eigsh(A, k, sigma=0)`` on rank 0
   with the global matrix (SuperLU), the other ranks idle.
 
 Times are wall-clock seconds, the minimum over ``--repeat`` runs after one
-warm-up run (the warm-up builds and caches the PETSc Mat); ratios are relative
-to raw slepc4py. The hook for other comparisons (torch-sla, ...) is
+warm-up run each (the warm-up builds and caches the PETSc Mat); the SLEPc
+contenders alternate within each repetition (in rotating order), so a change of
+the machine's load hits them alike. ``ratios`` are the minima's ratios to raw
+slepc4py; ``paired_ratios`` the median over the repetitions of the ratio within
+each. The hook for other comparisons (torch-sla, ...) is
 :func:`run_benchmark`, which returns the measurements as a dict.
 """
 from __future__ import annotations
@@ -68,16 +76,20 @@ def analytic(m, k, mx=None):
     return np.sort((ey[:, None] + ex[None, :]).ravel())[:k]
 
 
-def _timed(fn, repeat, comm):
-    out = fn()   # warm-up
-    ts = []
-    for _ in range(repeat):
-        comm.Barrier()
-        t = time.perf_counter()
-        out = fn()
-        comm.Barrier()
-        ts.append(time.perf_counter() - t)
-    return min(ts), out
+def _timed_alternating(fns, repeat, comm):
+    """Collective. Warm up every contender, then ``repeat`` rounds running each once, in an
+    order rotated every round; returns ``({name: [seconds per round]}, {name: last output})``."""
+    names = list(fns)
+    outs = {name: fns[name]() for name in names}
+    ts = {name: [] for name in names}
+    for r in range(repeat):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            comm.Barrier()
+            t = time.perf_counter()
+            outs[name] = fns[name]()
+            comm.Barrier()
+            ts[name].append(time.perf_counter() - t)
+    return ts, outs
 
 
 def run_benchmark(n=500, k=6, tol=1e-8, repeat=2, comm=None, torch_backend=True, torch_pc="icc",
@@ -116,10 +128,14 @@ def run_benchmark(n=500, k=6, tol=1e-8, repeat=2, comm=None, torch_backend=True,
     x0 = mat.createVecs("right")
     x0.getArray()[:] = v0.numpy()
 
-    def raw():
+    def raw(factor="lu"):
         eps = SLEPc.EPS().create(comm=comm)
         eps.setOperators(mat)
         configure_eps(eps, k=k, which="LM", sigma=0.0, tol=tol, maxiter=None, ncv=None, generalized=False)
+        pc = eps.getST().getKSP().getPC()
+        if pc.getType() != factor:
+            pc.setType(factor)      # resets the solver package: MUMPS again
+            pc.setFactorSolverType("mumps")
         eps.setInitialSpace([x0])
         eps.setFromOptions()
         eps.solve()
@@ -133,16 +149,17 @@ def run_benchmark(n=500, k=6, tol=1e-8, repeat=2, comm=None, torch_backend=True,
         vr.destroy()
         return np.sort(np.array(ws))
 
-    t, w = _timed(raw, repeat, comm)
-    res["times"]["slepc4py"] = t
-    res["errors"]["slepc4py"] = float(np.max(np.abs(w - ref) / ref))
-
     def sl():
         return eigsh(dA, k=k, sigma=0.0, tol=tol, backend="slepc")[0].numpy()
 
-    t, w = _timed(sl, repeat, comm)
-    res["times"]["slasolve-slepc"] = t
-    res["errors"]["slasolve-slepc"] = float(np.max(np.abs(w - ref) / ref))
+    ts, ws = _timed_alternating({"slepc4py": raw, "slepc4py-cholesky": lambda: raw("cholesky"),
+                                 "slasolve-slepc": sl}, repeat, comm)
+    res["times_all"] = ts
+    res["paired_ratios"] = {}
+    for name, t in ts.items():
+        res["times"][name] = min(t)
+        res["errors"][name] = float(np.max(np.abs(ws[name] - ref) / ref))
+        res["paired_ratios"][name] = float(np.median(np.array(t) / np.array(ts["slepc4py"])))
 
     if torch_backend:
         def tb():
@@ -231,9 +248,13 @@ def _torch_sla_eigsh(n, mx, k, ref, timeout):
 def print_table(res):
     print(f"\n2-D Poisson, {res['n_grid']}x{res['n_grid'] + 1} = {res['unknowns']} unknowns, k={res['k']}, "
           f"tol={res['tol']:g}, {res['ranks']} rank(s), mumps={res['mumps']}")
-    print(f"{'solver':<18}{'time [s]':>12}{'ratio':>10}{'max rel err':>14}")
+    print(f"{'solver':<19}{'time [s]':>11}{'ratio':>8}{'paired':>8}{'max rel err':>14}")
     for key, t in res["times"].items():
-        print(f"{key:<18}{t:>12.3f}{res['ratios'][key]:>10.2f}{res['errors'][key]:>14.2e}")
+        paired = res.get("paired_ratios", {}).get(key)
+        paired = f"{paired:>8.2f}" if paired is not None else f"{'':>8}"
+        print(f"{key:<19}{t:>11.3f}{res['ratios'][key]:>8.2f}{paired}{res['errors'][key]:>14.2e}")
+    print("(ratio: of the best times; paired: median over the repetitions of the ratio within each, "
+          "the SLEPc rows alternating)")
     if "torch_sla" in res and res["torch_sla"].get("time") is None:
         print(f"torch-sla         {res['torch_sla']['note']}")
     if "torch_iterations" in res:

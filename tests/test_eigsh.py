@@ -493,6 +493,47 @@ def test_inertia_verification_vs_lapack(comm):
 
 
 @pytest.mark.mpi
+def test_inertia_reuses_shift_invert_factor(comm, monkeypatch):
+    """The inertia counts refactor the shift-invert LDL^T numerically (no factorisation of their
+    own) and leave it usable for a deflated re-solve; where that factor is not MUMPS' LDL^T (the
+    user's options, a diagonal entry not stored) they factorise on their own. LAPACK reference."""
+    pytest.importorskip("slepc4py")
+    from slasolve.direct import petsc_backend
+    n = 24
+    T = (lap1d(n) + sp.diags(np.linspace(0.0, 0.3, n))).tocsr()
+    ref_t = scipy.linalg.eigh(T.toarray(), eigvals_only=True)
+    dT = dist(T, comm)
+    own = []
+    real = petsc_backend.shifted_inertia
+    monkeypatch.setattr(petsc_backend, "shifted_inertia", lambda dA, shift: own.append(shift) or real(dA, shift))
+    for sigma in (0.0, float(ref_t[n // 2]) + 1e-3):
+        w, V, info = eigsh(dT, k=5, sigma=sigma, tol=1e-10, backend="slepc", return_info=True)
+        np.testing.assert_allclose(w.numpy(), _wanted_ref(ref_t, 5, None, sigma), rtol=1e-9, atol=1e-12)
+        assert info.verify_method == "inertia" and not own
+    # a refused count (missed copies), then the deflated re-solve through the restored factor
+    D = sp.kron(sp.identity(2), T).tocsr()
+    ref_d = np.sort(np.concatenate([ref_t, ref_t]))
+    dD = dist(D, comm)
+    lo, hi = dD.row_range
+    v0 = torch.from_numpy(np.ones(2 * n)[lo:hi])
+    w, V, info = eigsh(dD, k=4, sigma=1.0, v0=v0, tol=1e-10, backend="slepc", return_info=True)
+    np.testing.assert_allclose(w.numpy(), _wanted_ref(ref_d, 4, None, 1.0), rtol=1e-9, atol=1e-12)
+    assert info.verify_method == "deflation" and info.verify_rounds >= 1 and not own
+    # the user's LU, and a pattern without its diagonal: counts by a factorisation of their own
+    w, V, info = eigsh(dT, k=5, sigma=0.0, tol=1e-10, backend="slepc", return_info=True,
+                       petsc_options={"st_pc_type": "lu"})
+    np.testing.assert_allclose(w.numpy(), ref_t[:5], rtol=1e-9, atol=1e-12)
+    assert info.verify_method == "inertia" and own
+    Z = T.tolil()
+    Z[0, 0] = 0.0
+    Z = Z.tocsr()
+    Z.eliminate_zeros()
+    ref_z = scipy.linalg.eigh(Z.toarray(), eigvals_only=True)
+    w = eigsh(dist(Z, comm), k=5, sigma=0.5, tol=1e-10, backend="slepc")[0]
+    np.testing.assert_allclose(w.numpy(), _wanted_ref(ref_z, 5, None, 0.5), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.mpi
 def test_multiplicity_sm_and_forced_methods(comm):
     """which='SM' (indefinite: Laplacian - 3.9 I) and SLEPc methods forced by petsc_options."""
     P = laplacian((6, 6)) - 3.9 * sp.identity(36, format="csr")

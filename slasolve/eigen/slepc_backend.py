@@ -15,7 +15,11 @@ every default chosen here:
 * ``sigma``: spectral transformation ``STSINVERT`` with target ``sigma`` and
   ``TARGET_MAGNITUDE`` (eigenvalues nearest ``sigma``); the ST's KSP is
   ``preonly`` + ``LU`` with MUMPS when PETSc has it (``-st_pc_factor_mat_solver_type``
-  and ``-st_ksp_type`` / ``-st_pc_type`` select an iterative inner solver);
+  and ``-st_ksp_type`` / ``-st_pc_type`` select an iterative inner solver); when
+  ``eigsh`` will count eigenvalues by inertia (:meth:`SlepcSession.inertia`) and ``A``
+  is an exactly symmetric AIJ matrix storing its diagonal, MUMPS' LDL^T
+  (``Cholesky``, indefinite) of a private copy ``K = A - sigma I`` instead
+  (``STSetPreconditionerMat``), whose analysis the inertia counts reuse;
 * initial vector: the caller's (``v0``), which ``eigsh`` always passes, so the
   iteration does not depend on the number of ranks.
 
@@ -27,8 +31,11 @@ from __future__ import annotations
 import time
 
 import torch
+from mpi4py import MPI
 
-from ..petsc import PETSc, temporary_options, vec_to_tensor
+from .._comm import allreduce_int
+from ..petsc import PETSc, option_entries, temporary_options, vec_to_tensor
+from ..symmetry import exactly_symmetric
 
 try:
     from slepc4py import SLEPc
@@ -63,8 +70,10 @@ def default_max_restarts(n_global: int) -> int:
     return max(10 * int(n_global), 100)
 
 
-def configure_eps(eps, *, k, which, sigma, tol, maxiter, ncv, generalized, st_solver=None, n_global=0):
-    """Set the defaults described in the module docstring on ``eps`` (local)."""
+def configure_eps(eps, *, k, which, sigma, tol, maxiter, ncv, generalized, st_solver=None, n_global=0,
+                  factor="lu"):
+    """Set the defaults described in the module docstring on ``eps`` (local); ``factor``
+    the ST's direct factorisation with ``sigma`` (``"lu"`` or ``"cholesky"``)."""
     eps.setProblemType(SLEPc.EPS.ProblemType.GHEP if generalized else SLEPc.EPS.ProblemType.HEP)
     eps.setType(SLEPc.EPS.Type.KRYLOVSCHUR)
     eps.setDimensions(nev=k, ncv=ncv if ncv is not None else PETSc.DECIDE)
@@ -78,7 +87,7 @@ def configure_eps(eps, *, k, which, sigma, tol, maxiter, ncv, generalized, st_so
         ksp = st.getKSP()
         ksp.setType(PETSc.KSP.Type.PREONLY)
         pc = ksp.getPC()
-        pc.setType(PETSc.PC.Type.LU)
+        pc.setType(factor)
         solver = st_solver
         if solver is None and PETSc.Sys.hasExternalPackage("mumps"):
             solver = "mumps"
@@ -86,6 +95,19 @@ def configure_eps(eps, *, k, which, sigma, tol, maxiter, ncv, generalized, st_so
             pc.setFactorSolverType(solver)
     else:
         eps.setWhichEigenpairs(_WHICH[which])
+
+
+def _ldlt_ready(dA, Am) -> bool:
+    """Collective. Whether the shift-invert factor may be MUMPS' LDL^T of a copy of ``Am`` that
+    inertia counts refactor in place: a scalar AIJ Mat, exactly symmetric (MUMPS reads one
+    triangle), every main-diagonal entry stored (a shifted diagonal keeps the pattern)."""
+    L = dA._layout
+    ok = (not L.block and Am.getType() in ("seqaij", "mpiaij")
+          and int(L._diagonal_entries()[0].numel()) == L.rend - L.rstart
+          and PETSc.Sys.hasExternalPackage("mumps"))
+    if not allreduce_int(dA.comm, int(ok), MPI.MIN):
+        return False
+    return exactly_symmetric(dA)
 
 
 class SlepcSession:
@@ -104,7 +126,7 @@ class SlepcSession:
     """
 
     def __init__(self, dA, dM, k, *, which, sigma, tol, maxiter, ncv=None, options_prefix=None,
-                 petsc_options=None, st_solver=None, monitor=None):
+                 petsc_options=None, st_solver=None, monitor=None, inertia=False):
         t0 = time.perf_counter()
         self.comm = dA.comm
         self.n_global = int(dA.global_shape[0]) * (dA.block_shape[0] if dA.block_shape else 1)  # scalar rows
@@ -113,10 +135,18 @@ class SlepcSession:
         self.Am, self.Mm = _mats(dA, dM)
         self.eps = SLEPc.EPS().create(comm=self.comm)
         self._vecs = []
+        self.K = self._K_diag = None
+        self.inertia_factor = False
         if monitor is not None:   # monitor(iteration, nconv, error estimates of the nev wanted pairs)
             self.eps.setMonitor(lambda eps, its, nconv, eig, err:
                                 monitor(int(its), int(nconv), [float(e) for e in err[:eps.getDimensions()[0]]]))
         try:
+            if inertia and sigma is not None and dM is None and st_solver in (None, "mumps") \
+                    and _ldlt_ready(dA, self.Am):
+                self.K = self.Am.duplicate(copy=True)
+                if sigma != 0.0:
+                    self.K.shift(-sigma)    # as SLEPc shifts its own copy: the same values
+                self._K_diag = self.K.getDiagonal()
             self._configure(dM, k, which, sigma, tol, maxiter, ncv, options_prefix, petsc_options, st_solver)
         except BaseException:
             self.close()
@@ -127,18 +157,67 @@ class SlepcSession:
         eps = self.eps
         eps.setOperators(self.Am, self.Mm)
         configure_eps(eps, k=k, which=which, sigma=sigma, tol=tol, maxiter=maxiter, ncv=ncv,
-                      generalized=dM is not None, st_solver=st_solver, n_global=self.n_global)
+                      generalized=dM is not None, st_solver=st_solver, n_global=self.n_global,
+                      factor="cholesky" if self.K is not None else "lu")
+        if self.K is not None:
+            eps.getST().setPreconditionerMat(self.K)
         if options_prefix:
             eps.setOptionsPrefix(options_prefix)
-        with temporary_options(petsc_options, options_prefix):
+        options = option_entries(petsc_options)
+        icntl13 = "st_mat_mumps_icntl_13"
+        if self.K is not None and self.comm.Get_size() > 1 and icntl13 not in options \
+                and not PETSc.Options(options_prefix).hasName(icntl13):
+            # MUMPS counts the inertia of its LDL^T on several ranks only without ScaLAPACK on the
+            # root front (read by the analysis)
+            options[icntl13] = "1"
+        # the factorisation (in setUp) reads the -st_mat_mumps_* options
+        with temporary_options(options, options_prefix):
             eps.setFromOptions()
-        eps.setUp()     # configuration errors surface here (ValueError in eigsh), not in solve
+            eps.setUp()     # configuration errors surface here (ValueError in eigsh), not in solve
         self.main_ncv = int(eps.getDimensions()[1])
         st = eps.getST()
         self.method = str(eps.getType())
         st_type = self.st_type = str(st.getType())
         if st_type not in ("shift", "precond") or st.getShift() != 0.0:
             self.method += "+" + st_type
+        if self.K is not None:
+            ksp = st.getKSP()
+            pc = ksp.getPC()
+            self.inertia_factor = (st_type == "sinvert" and ksp.getType() == "preonly"
+                                   and pc.getType() == "cholesky" and pc.getFactorSolverType() == "mumps"
+                                   and st.getShift() == sigma)
+
+    def inertia(self, shift: float):
+        """Collective. The inertia ``(negative, zero, positive)`` of ``A - shift I`` from a numeric
+        LDL^T refactorisation of the shift-invert factor's copy ``K`` (MUMPS reuses its analysis:
+        same pattern, shifted diagonal), or None when this EPS has no such factor or MUMPS fails.
+        ``K`` gets its values back at once; PETSc refactors it numerically when the ST solves
+        again (a deflated re-solve). The same answer on every rank."""
+        if not self.inertia_factor:
+            return None
+        pc = self.eps.getST().getKSP().getPC()
+        F = pc.getFactorMatrix()
+        d = self._K_diag.duplicate()
+        out = None
+        old24 = int(F.getMumpsIcntl(24))
+        try:
+            self.Am.getDiagonal(d)
+            d.shift(-shift)
+            self.K.setDiagonal(d)
+            F.setMumpsIcntl(24, 1)   # null pivots counted (INFOG(28)): PETSc's inertia needs it
+            pc.setUp()
+            if int(F.getMumpsInfog(1)) >= 0:
+                out = tuple(int(v) for v in F.getInertia())
+        except PETSc.Error:
+            out = None
+        finally:
+            F.setMumpsIcntl(24, old24)
+            self.K.setDiagonal(self._K_diag)
+            d.destroy()
+        code = -1 if out is None else out[0]
+        if allreduce_int(self.comm, code, MPI.MIN) != allreduce_int(self.comm, code, MPI.MAX) or out is None:
+            return None
+        return out
 
     def __enter__(self):
         return self
@@ -158,6 +237,10 @@ class SlepcSession:
         if self.Mm is not None and self._shared_M:
             self.Mm.destroy()
         self.Mm = None
+        for m in (self.K, self._K_diag):
+            if m is not None:
+                m.destroy()
+        self.K = self._K_diag = None
 
     def _vec(self, x):
         # a Vec owning its memory: SLEPc keeps references to initial/deflation vectors

@@ -103,7 +103,7 @@ class SlepcSolver:
     every rank."""
 
     def __init__(self, dA, dM, k, which, sigma, tol, maxiter, ncv, options_prefix, petsc_options,
-                 st_solver, progress=None):
+                 st_solver, progress=None, inertia=False):
         self.dA, self.dM = dA, dM
         err = None
         self.session = None
@@ -111,7 +111,7 @@ class SlepcSolver:
             self.session = slepc_backend.SlepcSession(
                 dA, dM, k, which=which, sigma=sigma, tol=tol, maxiter=maxiter, ncv=ncv,
                 options_prefix=options_prefix, petsc_options=petsc_options, st_solver=st_solver,
-                monitor=progress)
+                monitor=progress, inertia=inertia)
         except slepc_backend.PETSc.Error as e:
             msg = f"SLEPc rejected the configuration ({e})"
             if petsc_options or options_prefix:
@@ -145,6 +145,16 @@ class SlepcSolver:
             else:
                 err = RuntimeError(msg)
         check_collective(self.dA.comm, err)
+        return out
+
+    def shifted_inertia(self, shift):
+        """Collective. The inertia of ``A - shift I`` (:func:`verify.inertia_verified`): a numeric
+        refactorisation of the shift-invert LDL^T where the session has one, else a MUMPS LDL^T
+        of its own; None when neither can be had."""
+        out = self.session.inertia(shift)
+        if out is None:
+            from ..direct.petsc_backend import shifted_inertia
+            out = shifted_inertia(self.dA, shift)
         return out
 
     def residual_direction(self, R):

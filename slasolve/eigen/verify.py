@@ -86,7 +86,7 @@ def verify(solver, w, V, k, which, sigma, tol, n, dM, rs, row_offset, row_ids):
 INERTIA_BAND = 1e4
 
 
-def inertia_verified(dA, w, V, sigma, rs, rm) -> bool:
+def inertia_verified(dA, w, V, sigma, rs, rm, count=None) -> bool:
     """Collective. Prove, without another eigensolve, that the ``k`` orthonormal pairs
     ``(w, V)`` found nearest ``sigma`` of a standard problem are the ``k`` nearest eigenvalues
     counted with multiplicity (up to their residuals).
@@ -98,11 +98,16 @@ def inertia_verified(dA, w, V, sigma, rs, rm) -> bool:
     one factorisation at ``sigma + rho`` (a second at ``sigma - rho`` only when the first
     count exceeds ``k``) counts the eigenvalues in ``(sigma - rho, sigma + rho)``: a count of
     ``k`` means these are the ``k`` matched ones, so none nearer than the ``k``-th was
-    missed. False (then :func:`_verify` runs) when the count is larger (missed copies, or an
+    missed. False (then :func:`verify` runs) when the count is larger (missed copies, or an
     eigenvalue within ``rho - kth`` of the ``k``-th) or when no LDL^T inertia can be had
     (MUMPS missing, ``A`` not exactly symmetric, a diagonal entry not stored, ``tau`` within
-    rounding of an eigenvalue). Decisions use reduced data only."""
-    from ..direct.petsc_backend import shifted_inertia
+    rounding of an eigenvalue). ``count(tau)``: the inertia of ``A - tau I`` or None (default
+    :func:`slasolve.direct.petsc_backend.shifted_inertia`). Decisions use reduced data only."""
+    if count is None:
+        from ..direct.petsc_backend import shifted_inertia
+
+        def count(tau):
+            return shifted_inertia(dA, tau)
     eps = torch.finfo(torch.float64).eps
     k = int(w.numel())
     w64, V64 = w.to(torch.float64), V.to(torch.float64)
@@ -114,12 +119,12 @@ def inertia_verified(dA, w, V, sigma, rs, rm) -> bool:
     kth = float((w64 - sigma).abs().max())
     band = INERTIA_BAND * eps * (norm_a + abs(sigma) + kth)
     rho = kth + 2 * (err + band)
-    hi = shifted_inertia(dA, sigma + rho)
+    hi = count(sigma + rho)
     if hi is None or hi[1] > 0:
         return False
     if hi[0] <= k:
         return True
-    lo = shifted_inertia(dA, sigma - rho)
+    lo = count(sigma - rho)
     return lo is not None and lo[1] == 0 and hi[0] - lo[0] <= k
 
 
