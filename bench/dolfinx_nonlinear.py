@@ -94,25 +94,20 @@ class Slasolve:
         return float(J.detach()), theta.grad.numpy()
 
 
-class Dolfinx:
-    def __init__(self, n: int, comm):
+class DolfinxNewton:
+    """DOLFINx's NewtonSolver on ``residual(uh, v)`` with the Dirichlet condition ``bc`` and a KSP
+    ``ksp_type`` + GAMG through the options database (as a DOLFINx user sets it), then the hand
+    adjoint: the tangent at the solution, one solve ``J^T lambda = u - d`` (zero on the Dirichlet
+    rows) with the Newton solver's KSP, and ``dJ/dtheta = -lambda^T dR/dtheta`` as a DG0 vector."""
+
+    def _set_up(self, comm, V, Q, residual, bc, ksp_type: str, near_nullspace=None, data=None):
         import ufl
-        from dolfinx import fem, mesh
+        from dolfinx import fem
         from dolfinx.fem import petsc as fpetsc
         from dolfinx.nls.petsc import NewtonSolver
-        self.fem, self.fpetsc, self.comm = fem, fpetsc, comm
-        msh = mesh.create_unit_square(comm, n, n, mesh.CellType.triangle, diagonal=mesh.DiagonalType.right)
-        V = fem.FunctionSpace(msh, ("Lagrange", 1))
-        Q = fem.FunctionSpace(msh, ("DG", 0))
-        self.theta, self.uh, self.lam = fem.Function(Q), fem.Function(V), fem.Function(V)
+        self.fpetsc, self.comm, self.bc = fpetsc, comm, bc
         v, q = ufl.TestFunction(V), ufl.TestFunction(Q)
-        kappa = ufl.exp(self.theta)
-        F = kappa * (1 + self.uh ** 2) * ufl.inner(ufl.grad(self.uh), ufl.grad(v)) * ufl.dx \
-            - fem.Constant(msh, PETSc.ScalarType(SOURCE)) * v * ufl.dx
-        msh.topology.create_connectivity(1, 2)
-        facets = mesh.exterior_facet_indices(msh.topology)
-        self.bc = fem.dirichletbc(PETSc.ScalarType(0.0), fem.locate_dofs_topological(V, 1, facets), V)
-        self.problem = fpetsc.NonlinearProblem(F, self.uh, bcs=[self.bc])
+        self.problem = fpetsc.NonlinearProblem(residual(self.uh, v), self.uh, bcs=[bc])
         self.newton = NewtonSolver(comm, self.problem)
         self.newton.rtol, self.newton.atol = RTOL, 0.0
         self.newton.convergence_criterion = "residual"
@@ -120,22 +115,24 @@ class Dolfinx:
         ksp = self.newton.krylov_solver
         prefix = ksp.getOptionsPrefix() or ""
         opts = PETSc.Options()
-        entries = {"ksp_type": "gmres", "pc_type": "gamg", "ksp_rtol": RTOL}
+        entries = {"ksp_type": ksp_type, "pc_type": "gamg", "ksp_rtol": RTOL}
         for k, val in entries.items():
             opts[prefix + k] = val
         ksp.setFromOptions()
         for k in entries:
             opts.delValue(prefix + k)
-        # the hand adjoint: dF/dtheta contracted with lambda, per cell (a DG0 vector)
-        self.dFdtheta = fem.form(kappa * (1 + self.uh ** 2) * ufl.inner(ufl.grad(self.uh), ufl.grad(self.lam))
-                                 * q * ufl.dx)
+        # the hand adjoint: lambda^T dR/dtheta per cell (a DG0 vector)
+        self.dFdtheta = fem.form(ufl.derivative(residual(self.uh, self.lam), self.theta, q))
         self.a = self.problem.a
         self.A = fpetsc.create_matrix(self.a)
+        if near_nullspace is not None:
+            self.newton.A.setNearNullSpace(near_nullspace)
+            self.A.setNearNullSpace(near_nullspace)
         self.r = fpetsc.create_vector(self.problem.L)
         self.gv = fpetsc.create_vector(self.dFdtheta)
-        self.n_owned = V.dofmap.index_map.size_local
+        self.n_owned = V.dofmap.index_map.size_local * V.dofmap.index_map_bs
         self.n_cells = Q.dofmap.index_map.size_local
-        self.d = data_of(V.tabulate_dof_coordinates()[: self.n_owned])
+        self.d = 0.0 if data is None else data(V.tabulate_dof_coordinates()[: V.dofmap.index_map.size_local])
         c = Q.tabulate_dof_coordinates()[: self.n_cells]
         self.theta0, self.w = theta_of(c), weight_of(c)
         self.its = None
@@ -166,6 +163,25 @@ class Dolfinx:
         fpetsc.assemble_vector(self.gv, self.dFdtheta)            # dF/dtheta_e . lambda = that integral
         self.gv.ghostUpdate(addv=PETSc.InsertMode.ADD, mode=PETSc.ScatterMode.REVERSE)
         return J, -self.gv.array_r.copy()
+
+
+class Dolfinx(DolfinxNewton):
+    def __init__(self, n: int, comm):
+        import ufl
+        from dolfinx import fem, mesh
+        msh = mesh.create_unit_square(comm, n, n, mesh.CellType.triangle, diagonal=mesh.DiagonalType.right)
+        V = fem.FunctionSpace(msh, ("Lagrange", 1))
+        Q = fem.FunctionSpace(msh, ("DG", 0))
+        self.theta, self.uh, self.lam = fem.Function(Q), fem.Function(V), fem.Function(V)
+        kappa = ufl.exp(self.theta)
+        source = fem.Constant(msh, PETSc.ScalarType(SOURCE))
+
+        def residual(w, test):
+            return kappa * (1 + w ** 2) * ufl.inner(ufl.grad(w), ufl.grad(test)) * ufl.dx - source * test * ufl.dx
+        msh.topology.create_connectivity(1, 2)
+        facets = mesh.exterior_facet_indices(msh.topology)
+        bc = fem.dirichletbc(PETSc.ScalarType(0.0), fem.locate_dofs_topological(V, 1, facets), V)
+        self._set_up(comm, V, Q, residual, bc, "gmres", data=data_of)
 
 
 LOAD = 0.2
@@ -201,13 +217,10 @@ class SlasolveSolid:
         return float(J.detach()), theta.grad.numpy()
 
 
-class DolfinxSolid:
+class DolfinxSolid(DolfinxNewton):
     def __init__(self, n: int, comm, dim: int):
         import ufl
         from dolfinx import fem, mesh
-        from dolfinx.fem import petsc as fpetsc
-        from dolfinx.nls.petsc import NewtonSolver
-        self.fem, self.fpetsc, self.comm = fem, fpetsc, comm
         if dim == 2:
             msh = mesh.create_unit_square(comm, n, n, mesh.CellType.triangle, diagonal=mesh.DiagonalType.right)
         else:
@@ -215,7 +228,6 @@ class DolfinxSolid:
         V = fem.VectorFunctionSpace(msh, ("Lagrange", 1))
         Q = fem.FunctionSpace(msh, ("DG", 0))
         self.theta, self.uh, self.lam = fem.Function(Q), fem.Function(V), fem.Function(V)
-        v, q = ufl.TestFunction(V), ufl.TestFunction(Q)
         mu = ufl.exp(self.theta)
         lmbda = SOLID_RATIO * mu
         force = np.zeros(dim, dtype=PETSc.ScalarType)
@@ -229,62 +241,8 @@ class DolfinxSolid:
             psi = mu / 2 * (ufl.tr(C) - dim) - mu * lnJ + lmbda / 2 * lnJ ** 2
             return ufl.inner(ufl.diff(psi, F), ufl.grad(test)) * ufl.dx - ufl.inner(B, test) * ufl.dx
         facets = mesh.locate_entities_boundary(msh, dim - 1, lambda x: np.isclose(x[0], 0.0))
-        self.bc = fem.dirichletbc(np.zeros(dim, dtype=PETSc.ScalarType),
-                                  fem.locate_dofs_topological(V, dim - 1, facets), V)
-        self.problem = fpetsc.NonlinearProblem(residual(self.uh, v), self.uh, bcs=[self.bc])
-        self.newton = NewtonSolver(comm, self.problem)
-        self.newton.rtol, self.newton.atol = RTOL, 0.0
-        self.newton.convergence_criterion = "residual"
-        self.newton.max_it = 50
-        self.newton.A.setNearNullSpace(rigid_body_nullspace(V))
-        ksp = self.newton.krylov_solver
-        prefix = ksp.getOptionsPrefix() or ""
-        opts = PETSc.Options()
-        entries = {"ksp_type": "cg", "pc_type": "gamg", "ksp_rtol": RTOL}
-        for k, val in entries.items():
-            opts[prefix + k] = val
-        ksp.setFromOptions()
-        for k in entries:
-            opts.delValue(prefix + k)
-        # the hand adjoint: lambda^T dR/dtheta per cell (a DG0 vector)
-        self.dFdtheta = fem.form(ufl.derivative(residual(self.uh, self.lam), self.theta, q))
-        self.a = self.problem.a
-        self.A = fpetsc.create_matrix(self.a)
-        self.A.setNearNullSpace(rigid_body_nullspace(V))
-        self.r = fpetsc.create_vector(self.problem.L)
-        self.gv = fpetsc.create_vector(self.dFdtheta)
-        self.n_owned = V.dofmap.index_map.size_local * V.dofmap.index_map_bs
-        self.n_cells = Q.dofmap.index_map.size_local
-        c = Q.tabulate_dof_coordinates()[: self.n_cells]
-        self.theta0, self.w = theta_of(c), weight_of(c)
-        self.its = None
-
-    def run(self, gradient: bool):
-        self.theta.x.array[: self.n_cells] = self.theta0
-        self.theta.x.scatter_forward()
-        self.uh.x.array[:] = 0.0
-        self.its, converged = self.newton.solve(self.uh)
-        assert converged
-        self.uh.x.scatter_forward()
-        u = self.uh.x.array[: self.n_owned]
-        J = self.comm.allreduce(0.5 * float(u @ u), op=MPI.SUM)
-        if not gradient:
-            return J, None
-        fpetsc = self.fpetsc
-        self.A.zeroEntries()
-        fpetsc.assemble_matrix(self.A, self.a, bcs=[self.bc])   # the tangent at the solution
-        self.A.assemble()
-        self.r.array[:] = u
-        fpetsc.set_bc(self.r, [self.bc])
-        ksp = self.newton.krylov_solver
-        ksp.setOperators(self.A)
-        ksp.solve(self.r, self.lam.vector)       # the tangent is symmetric
-        self.lam.x.scatter_forward()
-        with self.gv.localForm() as gl:
-            gl.set(0.0)
-        fpetsc.assemble_vector(self.gv, self.dFdtheta)
-        self.gv.ghostUpdate(addv=PETSc.InsertMode.ADD, mode=PETSc.ScatterMode.REVERSE)
-        return J, -self.gv.array_r.copy()
+        bc = fem.dirichletbc(np.zeros(dim, dtype=PETSc.ScalarType), fem.locate_dofs_topological(V, dim - 1, facets), V)
+        self._set_up(comm, V, Q, residual, bc, "cg", near_nullspace=rigid_body_nullspace(V))
 
 
 PROBLEMS = {"diffusion": (Slasolve, Dolfinx, 2),

@@ -534,6 +534,57 @@ after a warm-up). Shared 2-core machine (load 6-18): per-run ratios only.
   (1.32 in the single 300-step run): not met reliably on this small problem, where the source's
   vector-Jacobian product and a product with M^T are not small next to a MUMPS solve.
 
+### Transient adjoint after the fifth session's changes (issue 22; `bench/transient.py --compare --baseline`, measured on 2026-11-27, not by run_all)
+
+`python bench/transient.py --compare --baseline /work/main --n 64 --compare-steps 100 --compare-snapshots 10
+--ranks 1 2 --trials 2 --no-fd --no-full-storage` (`bench/results/transient_compare_vs_main_100.json`): the
+problem above, the new code, the previous main (its own checkout, `--baseline`) and dolfin-adjoint alternated
+in one run, 10 snapshots, load 12-15 on 2 cores. Changes: one halo exchange per step for `M` and `K` (their
+rows interleaved in one operator, the product reused for the next right-hand side), the direct steps' backward-
+error checks batched (one reduction per 256 solves and per sweep, failures still raised on every rank before
+anything is returned), MUMPS one-column solves on one kept pair of Vecs, and the state-free adjoint: when the
+values of `M` and `K` need no gradient (here only the source `q` does), the adjoint never reads the forward
+states, so `integrate` stores and recomputes nothing whatever `checkpoints` asks for (`info.schedule` says so;
+gradients equal the checkpointed schedule's to 1e-12 in the tests).
+
+| ranks | contender | time / dolfin-adjoint | time / previous main | peak RSS MiB (/ dolfin-adjoint) | peak over its own imports MiB (/ dolfin-adjoint) |
+|---|---|---|---|---|---|
+| 1 | slasolve | 0.157 (0.154-0.160) | 0.43 (0.40-0.45) | 343 (2.12) | +49 (1.27) |
+| 1 | previous main | 0.370 (0.357-0.383) | 1 | 341 | +47 |
+| 1 | dolfin-adjoint | 1 | - | 162 | +39 |
+| 2 | slasolve | 0.216 (0.173-0.259) | 0.40 (0.29-0.51) | 336 (2.18) | +42 (1.36) |
+| 2 | previous main | 0.550 (0.502-0.597) | 1 | 335 | +41 |
+| 2 | dolfin-adjoint | 1 | - | 154 | +31 |
+
+* Time with snapshots at 2 ranks: 0.22x (target <= 0.5x, met); gradients agree with dolfin-adjoint to 6-7e-14.
+  Where `K`'s values need a gradient the snapshots are recomputed; `--compare` does not measure that case.
+* Adjoint step / forward step (`bench/transient_steps.py --n 64 --steps 50`, CPU time, 1 rank, checkouts
+  alternated): 1.15 / 1.11 in two rounds (previous main 1.20 / 0.89): met on this problem (MUMPS dominates);
+  on a 12-unknown problem it is 2.2-2.6x, the source's vector-Jacobian product dominating.
+* Peak memory <= 0.5x dolfin-adjoint at short runs: not reachable with torch as a dependency. RSS after
+  `import slasolve` is 294 MiB (torch ~200, Python + NumPy + mpi4py + petsc4py ~73, scipy.sparse ~9,
+  slepc4py ~3, slasolve's own modules ~6) against 123 MiB for DOLFIN + dolfin-adjoint; the trajectory itself
+  costs 0.05-0.07x dolfin-adjoint's tape (+0.8-1.6 MiB against +17-24 MiB over the warm-up).
+* 1,000 steps are in the default suite at 1 rank (5 snapshots == full storage to 1e-12 and a Taylor test,
+  ~10 s CPU); at 2 ranks they stay opt-in (`SLASOLVE_LONG_TESTS=1`).
+
+### Mesh read at 5.3M tetrahedra, P = 4 and 8, rerun (issue 21; `bench/mesh_io.py --n 96`, measured by hand on 2026-11-27)
+
+`SLASOLVE_BENCH_CACHE=... python bench/mesh_io.py --n 96 --ranks 4 8 --methods ptscotch --timeout 800`, then
+`--ranks 8 4` (`bench/results/mesh_io_n96_p4_p8.json`, `mesh_io_n96_p8_p4.json`), slasolve's reader then
+DOLFINx 0.5.2's on the same file at each P, load 6.5-10.6 on 2 cores (both P oversubscribed):
+
+| run | P | slasolve read s | DOLFINx read s | slasolve / DOLFINx | mem/rank MiB slasolve / DOLFINx | edge cut | imbalance |
+|---|---|---|---|---|---|---|---|
+| 1 | 4 | 82.9 | 58.8 | 1.41 | 1020 / 606 | 38238 | 1.006 |
+| 1 | 8 | 56.2 | 47.4 | 1.19 | 525 / 418 | 64886 | 1.008 |
+| 2 | 8 | 69.4 | 72.7 | 0.95 | 525 / 412 | 63691 | 1.007 |
+| 2 | 4 | 48.1 | 60.3 | 0.80 | 1010 / 752 | 37832 | 1.007 |
+
+Time against DOLFINx 0.80-1.41x between runs (not conclusive on this machine; the script runs the readers one
+after the other, not alternated); memory per rank 1.3-1.7x DOLFINx's and stable (1.2/P of the serial read at
+P = 8, target <= 2.5/P).
+
 ### Mesh read at P = 4 after the parallel-write fixes (issue 21; `bench/mesh_io.py --n 40 --ranks 4`, measured by hand on 2026-11-27)
 
 384,000 tetrahedra, two runs on the loaded machine (load 8-18): slasolve 5.31 s / 7.88 s against DOLFINx
