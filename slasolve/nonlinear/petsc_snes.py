@@ -117,6 +117,7 @@ class _Callbacks:
         # F(u0) and J(u0), already evaluated: used once each when SNES asks at exactly u0
         self.u0, self.r0, self.J0 = u0, r0, J0
         self.last = None   # (u, F(u)) of the latest function evaluation
+        self.last_objective = None   # (u, objective(u)) of the latest objective evaluation
 
     def _u(self, X) -> torch.Tensor:
         return torch.from_numpy(X.getArray(readonly=True).copy()).to(self.dtype)
@@ -167,11 +168,24 @@ class _Callbacks:
             J.assemble()
 
     def objective(self, snes, X) -> float:
+        u = self._u(X)
         try:
-            return self.prob.objective(self._u(X))
+            # the line search asks at the accepted point of its previous call again: reuse that
+            # value when u is the same on every rank (one small Allreduce against the objective's own)
+            if self.last_objective is not None and self._same_everywhere(u, self.last_objective[0]):
+                return self.last_objective[1]
+            val = self.prob.objective(u)
         except Exception as e:
             self.error = self.error or e
             raise
+        self.last_objective = (u, val)
+        return val
+
+    def _same_everywhere(self, u: torch.Tensor, v: torch.Tensor) -> bool:
+        """Collective (one small Allreduce): is ``u == v`` on every rank?"""
+        from .._comm import allreduce_max
+        differs = not torch.equal(u, v)
+        return not bool(allreduce_max(self.prob.comm, torch.tensor([float(differs)]))[0])
 
     def monitor(self, snes, its, fnorm) -> None:
         self.hist.append(float(fnorm))

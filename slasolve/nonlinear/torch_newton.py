@@ -100,6 +100,7 @@ def newton(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, u
     target = max(rtol * fn, atol)
     reason, it = None, 0
     lm, pc = "gmres", "none"
+    p_last = None   # the objective at u, when known
     while True:
         if not math.isfinite(fn):
             reason = "DIVERGED_FNORM_NAN"
@@ -121,8 +122,10 @@ def newton(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, u
         # the merit function phi(lam): the objective when given (its slope at 0 is F . d), else
         # ||F||^2 / 2 (slope -||F||^2 for a Newton direction)
         if line_search == "bt" and prob.has_objective:
-            p0, slope = prob.objective(u), float(allreduce_sum(comm, (r.to(torch.float64) * d.to(torch.float64))
-                                                                  .sum().reshape(1))[0])
+            if p_last is None:   # else the objective at the point the previous line search accepted
+                p_last = prob.objective(u)
+            p0, slope = p_last, float(allreduce_sum(comm, (r.to(torch.float64) * d.to(torch.float64))
+                                                    .sum().reshape(1))[0])
             if not slope < 0:   # not a descent direction for the objective: fall back to ||F||
                 p0 = None
         else:
@@ -166,6 +169,7 @@ def newton(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, u
         it += 1
         step = lam * global_norm(comm, d)
         u, r, fn = un, rn, fnn
+        p_last = p1 if p0 is not None else None
         hist.append(fn)
         if progress and rank0:
             print(f"  Newton {it:3d}  residual {fn:.3e}  ({lits[-1]} linear iterations, step {lam:g})",
