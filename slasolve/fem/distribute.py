@@ -31,7 +31,7 @@ from mpi4py import MPI
 from .._comm import check_collective, get_comm
 from ..partition import PartitionQuality
 from .cells import CELL_DIM, CELL_FACETS, CELL_VERTICES, ORIENTATION_FLIP, signed_measure
-from .mesh import Mesh, _facet_tags, _local_facets
+from .mesh import Mesh, _facet_tags, _local_facets, _register_facet_matcher
 
 __all__ = ["distribute_cells", "fetch_rows", "match_cell_tags", "partition_quality", "dual_graph",
            "dual_graph_laplacian", "PARALLEL_PARTITIONERS"]
@@ -560,3 +560,6 @@ def partition_quality(mesh: Mesh) -> PartitionQuality:
     return PartitionQuality(edge_cut=int(per_rank[:, 0].sum()) // 2, part_sizes=sizes,
                             halo_size=per_rank[:, 1], neighbours=per_rank[:, 2],
                             load_imbalance=float(sizes.max() / sizes.mean()) if sizes.sum() else 1.0)
+
+
+_register_facet_matcher(_match_facets)

@@ -459,8 +459,7 @@ def _read_and_distribute(path, size: int, partition: str):
         raise ValueError(f"read_mesh: {path!r} has non-finite point coordinates")
     tag_rows = None
     if ftags is not None:
-        from .distribute import _match_facets
-
+        _match_facets = _FACET_MATCHERS[0]
         if ftags[0].min() < 0 or ftags[0].max() >= points.shape[0]:
             raise ValueError(f"read_mesh: {path!r} has facets referring to missing points")
         # [cell, sorted facet vertices, value] of every tagged facet (rank 0 holds the mesh anyway)
@@ -517,6 +516,15 @@ def _read_and_distribute(path, size: int, partition: str):
 #: (suffixes, accepts(path) or None, reader(path, comm=, partition=, dtype=)) of the parallel
 #: readers :func:`read_mesh` dispatches to (registered by their modules: slasolve.fem.xdmf)
 _PARALLEL_READERS: list = []
+# the facet matcher of the meshio path (slasolve.fem.distribute's, which imports this module,
+# registers itself when slasolve.fem is imported: no import cycle)
+_FACET_MATCHERS: list = []
+
+
+def _register_facet_matcher(match_facets: Callable) -> None:
+    """Local. The function :func:`read_mesh`'s meshio path matches tagged facets to cells with
+    (:mod:`slasolve.fem.distribute` registers its own)."""
+    _FACET_MATCHERS.insert(0, match_facets)
 
 
 def register_mesh_reader(suffixes: Tuple[str, ...], reader: Callable[..., "Mesh"],
