@@ -590,6 +590,31 @@ Time against DOLFINx 0.80-1.41x between runs (not conclusive on this machine; th
 after the other, not alternated); memory per rank 1.3-1.7x DOLFINx's and stable (1.2/P of the serial read at
 P = 8, target <= 2.5/P).
 
+### Fixed cost per call after the fifth session's changes (issue 19; measured by hand on 2026-11-27, not by run_all)
+
+NumPy kernels for the nonlinear FEM callbacks when no autograd graph is recorded (NonlinearDiffusion on
+simplices), AIJ value views kept per address and compared as bytes, the KSP monitor set only when a call needs
+history, fewer Python calls in validation. The machine was at load 6-21 all session, so the table above
+(`bench/fixed_cost.py`, 2026-11-27 morning) was not rerun; instead, instructions per call at 1 rank counted by
+valgrind (`--tool=callgrind`, the timed loop only; load-independent): `solve` 1,050k -> 903k (raw petsc4py
+496k), `solve` + backward 2,304k -> 2,058k (raw 992k), `nonlinear_solve` 9,838k -> 7,821k (of which ~3.3M
+the linear solves inside SNES). Ratios to DOLFINx from back-to-back runs of the old and new code (median of
+5 runs each, load 6-16): `solve` 1.60 -> 1.14, `nonlinear_solve` 3.97 -> 2.54; at 2 ranks (one pair of runs,
+load ~6.5) `solve` 1.05 -> 0.93, `nonlinear_solve` 3.75 -> 2.38, `solve` + backward / raw 6.88 -> 4.33.
+
+### eigsh: the inertia count on the shift-invert factorisation (issue 19; measured by hand on 2026-11-27, not by run_all)
+
+When the multiplicity check by inertia applies (standard float64 problem, `sigma`, no gradient, an exactly
+symmetric scalar AIJ matrix with its whole diagonal stored), the shift-invert step factors a private copy of
+`A - sigma I` with MUMPS LDL^T and every count re-does only the numeric factorisation of the shifted diagonal
+(PETSc's log: 1 symbolic, 2 numeric), where it made a factorisation of its own before; the fallbacks (a
+separate factorisation; the deflated re-solve when the count exceeds k) are unchanged. CPU per count at
+n = 250,500: 1.51 s -> 0.75 s (about 10.5 s for the whole eigsh). `bench/eigen.py` now alternates the SLEPc
+contenders per repetition and reports paired ratios (it ran all raw repetitions first, so load drift fell on
+one side). Runs under load 1-19 (`mpirun -n N python bench/eigen.py --n 500 --no-torch --repeat R`), paired
+ratio slasolve / raw LU: 1 rank 1.21 before, 1.27 after (load ~17 and ~7-11); 2 ranks 1.24 before, 0.80
+after (load ~10 and ~1-4): not conclusive either way; the eigsh rows above are from 2026-11-26.
+
 ### Mesh read at P = 4 after the parallel-write fixes (issue 21; `bench/mesh_io.py --n 40 --ranks 4`, measured by hand on 2026-11-27)
 
 384,000 tetrahedra, two runs on the loaded machine (load 8-18): slasolve 5.31 s / 7.88 s against DOLFINx
