@@ -590,6 +590,24 @@ Time against DOLFINx 0.80-1.41x between runs (not conclusive on this machine; th
 after the other, not alternated); memory per rank 1.3-1.7x DOLFINx's and stable (1.2/P of the serial read at
 P = 8, target <= 2.5/P).
 
+### Hyperelastic solve + gradient against DOLFINx, 1 rank (issue 19; `bench/dolfinx_nonlinear.py --problem neohookean2d neohookean3d --trials 3`, measured on 2026-11-27)
+
+The problem of the hyperelastic table's text above (the jobs `dolfinx_solid_n1/n2` of run_all fill that
+table; this run was stopped during the 511k-tetrahedra size to leave the machine to the final test run, so it
+wrote no JSON). Load ~4-6 (a test run beside it); slasolve / DOLFINx, median (min-max) of 3 alternated trials;
+`sla`: the energy line search (`objective=P.energy`), `basic`: full Newton steps.
+
+| problem | cells | Newton steps (sla, basic, dfx) | forward sla / dfx | forward basic / dfx | fwd + grad sla / dfx | fwd + grad basic / dfx | rel. diff J, abs(g), g.w |
+|---|---|---|---|---|---|---|---|
+| 2-D | 8,192 | 5, 5, 4 | 1.57 (1.18-1.71) | 1.50 (1.41-1.98) | 0.96 (0.87-1.22) | 1.14 (0.82-1.22) | 1e-10, 7e-11, 8e-11 |
+| 2-D | 500,000 | 8, 8, 6 | 1.32 (1.23-1.47) | 1.43 (1.32-2.34) | 1.20 (1.16-1.46) | 1.42 (1.10-1.46) | 3e-11, 7e-11, 5e-12 |
+| 3-D | 7,986 | 5, 5, 4 | 1.48 (1.43-1.56) | 1.39 (1.37-1.64) | 0.96 (0.86-1.14) | 0.94 (0.85-0.97) | 2e-11, 7e-12, 1e-11 |
+
+Per Newton step the two are at parity (2-D 500k: 6.2 s against 6.3 s; 8k: 48 against 47 ms); the forward
+gap is the extra Newton steps of slasolve's tighter stopping test (see the table's text: DOLFINx divides
+`||F||` by its first update's norm). Before `objective=` existed, slasolve's default line search took 17
+Newton steps on the 2-D 8k problem (5.66x DOLFINx's forward in a run under load).
+
 ### Fixed cost per call after the fifth session's changes (issue 19; measured by hand on 2026-11-27, not by run_all)
 
 NumPy kernels for the nonlinear FEM callbacks when no autograd graph is recorded (NonlinearDiffusion on
