@@ -16,7 +16,7 @@ every default chosen here:
   ``TARGET_MAGNITUDE`` (eigenvalues nearest ``sigma``); the ST's KSP is
   ``preonly`` + ``LU`` with MUMPS when PETSc has it (``-st_pc_factor_mat_solver_type``
   and ``-st_ksp_type`` / ``-st_pc_type`` select an iterative inner solver); when
-  ``eigsh`` will count eigenvalues by inertia (:meth:`SlepcSession.inertia`) and ``A``
+  ``eigsh`` will count eigenvalues by inertia (``SlepcSession.inertia``) and ``A``
   is an exactly symmetric AIJ matrix storing its diagonal, MUMPS' LDL^T
   (``Cholesky``, indefinite) of a private copy ``K = A - sigma I`` instead
   (``STSetPreconditionerMat``), whose analysis the inertia counts reuse;
