@@ -61,6 +61,21 @@ def setup():
 LONG = os.environ.get("SLASOLVE_LONG_TESTS") == "1"
 
 
+def full_and_checkpointed(loss, params):
+    """The gradients of ``loss(*params)`` with full storage and with 5 snapshots (each concatenated),
+    after checking that they agree to 1e-12 of the largest entry."""
+    grads = {}
+    for kw in ({}, {"checkpoints": 5}):
+        leaves = [t.clone().requires_grad_(True) for t in params]
+        loss(*leaves, **kw).backward()
+        grads[repr(kw)] = torch.cat([t.grad for t in leaves])
+    full, ck = grads["{}"], grads[repr({"checkpoints": 5})]
+    scale = float(allsum(full.abs().max()))
+    assert scale > 0
+    assert float(allsum((ck - full).abs().max())) <= 1e-12 * scale
+    return full, ck
+
+
 @pytest.mark.parametrize("n_steps", [10, pytest.param(100, marks=pytest.mark.skipif(
     COMM.size > 1, reason="test-time budget: 100 steps at 1 rank")), pytest.param(1000, marks=pytest.mark.skipif(
         not LONG, reason="test-time budget: 1000 steps with SLASOLVE_LONG_TESTS=1"))])
@@ -78,15 +93,7 @@ def test_long_trajectory_gradient(method, n_steps):
         mid, end = integrate(P, u0, q, dt=dt, n_steps=n_steps, outputs=[n_steps // 2, n_steps], **kw)
         return allsum((end ** 2).sum() + (mid * x).sum())
 
-    grads = {}
-    for kw in ({}, {"checkpoints": 5}):
-        leaves = [t.clone().requires_grad_(True) for t in (u0, q, Kv)]
-        loss(*leaves, **kw).backward()
-        grads[repr(kw)] = torch.cat([t.grad for t in leaves])
-    full, ck = grads["{}"], grads[repr({"checkpoints": 5})]
-    scale = float(allsum(full.abs().max()))
-    assert scale > 0
-    assert float(allsum((ck - full).abs().max())) <= 1e-12 * scale
+    full, ck = full_and_checkpointed(loss, (u0, q, Kv))
     # central difference along a random direction: h^2 truncation ~1e-10, rounding ~1e-16 |J| / h
     # (the CG tolerance 1e-13 adds ~1e-13 |J| / h): far below the 1e-6 asked
     d = [rank_random(u0.shape, 1), rank_random(q.shape, 2), 10 * rank_random(Kv.shape, 3)]
@@ -126,15 +133,7 @@ def test_thousand_steps_checkpointed_equals_full_storage_and_taylor():
         mid, end = integrate(P, u0, q, dt=dt, n_steps=n_steps, outputs=[n_steps // 2, n_steps], **kw)
         return allsum((end ** 2).sum() + (mid * x).sum())
 
-    grads = {}
-    for kw in ({}, {"checkpoints": 5}):
-        leaves = [t.clone().requires_grad_(True) for t in (u0, q, Kv)]
-        loss(*leaves, **kw).backward()
-        grads[repr(kw)] = torch.cat([t.grad for t in leaves])
-    full, ck = grads["{}"], grads[repr({"checkpoints": 5})]
-    scale = float(allsum(full.abs().max()))
-    assert scale > 0
-    assert float(allsum((ck - full).abs().max())) <= 1e-12 * scale
+    full, ck = full_and_checkpointed(loss, (u0, q, Kv))
     d = [rank_random(u0.shape, 1), rank_random(q.shape, 2), 10 * rank_random(Kv.shape, 3)]
     n0, nq = u0.shape[0], q.shape[0]
     dJdm = float(allsum((ck[:n0] * d[0]).sum() + (ck[n0:n0 + nq] * d[1]).sum() + (ck[n0 + nq:] * d[2]).sum()))
