@@ -11,7 +11,8 @@ finite elements.
 petsc4py/slepc4py are installed it initialises PETSc and SLEPc with ``sys.argv``
 (so ``-ksp_monitor``, ``-log_view`` ... on the command line work), and with more
 than one rank it makes an unhandled exception on any rank abort the job and
-watches for ranks that end while others still wait in a collective. See
+watches for ranks that end while others still wait in a collective, and gives each rank
+``cpus // ranks on its node`` torch threads unless ``OMP_NUM_THREADS`` is set. See
 :mod:`slasolve._process` and README "Running under mpirun"; opt-outs:
 ``SLASOLVE_ABORT_ON_EXCEPTION=0``, ``SLASOLVE_EXIT_TIMEOUT=0``.
 """
@@ -28,6 +29,8 @@ try:
     # PETSc's start-up is collective: do it here, where every rank is, never lazily on a
     # code path that one rank may leave early (and pass the command line to PETSc).
     _process.init_petsc()
+    # under mpirun: one torch thread per core of the node, not per core per rank
+    _process.set_torch_threads()
 except (ImportError, OSError, RuntimeError) as _exc:  # a broken install: say what and how to fix it
     from .config import import_failed as _import_failed
     _import_failed(_exc)            # raises (python -m slasolve: prints the report, exits 1)

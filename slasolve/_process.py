@@ -45,12 +45,18 @@ imports mpi4py). Three things happen:
 
 Steps 2 and 3 are no-ops on one rank, in Jupyter/IPython and in interactive
 sessions (``python -i``, the REPL).
+
+4. **One torch thread per core, not per core per rank**: with more than one rank and no
+   ``OMP_NUM_THREADS`` in the environment, each rank gets ``max(1, cpus // ranks on its
+   node)`` torch threads (:mod:`slasolve._threads`; ``SLASOLVE_TORCH_THREADS=k`` sets ``k``,
+   ``=0`` leaves torch alone). One process is never changed.
 """
 from __future__ import annotations
 
 from ._argv import parse_args, petsc_argv, split_petsc_args
 from ._faults import abort_on_unhandled_exception, install
 from ._startup import init_petsc
+from ._threads import set_torch_threads
 
-__all__ = ["init_petsc", "install", "abort_on_unhandled_exception", "parse_args", "split_petsc_args",
+__all__ = ["init_petsc", "set_torch_threads", "install", "abort_on_unhandled_exception", "parse_args", "split_petsc_args",
            "petsc_argv"]

@@ -6,7 +6,8 @@
 * MPI: the library mpi4py loaded (vendor, version string), ``COMM_WORLD``'s size and rank;
 * PETSc / SLEPc: found or not, version, scalar and index types, the configured external
   packages that matter to slasolve (MUMPS, hypre, ML, SuperLU, ...);
-* torch: build (CPU / CUDA version) and the devices it sees;
+* torch: build (CPU / CUDA version), the devices it sees and its threads (set by
+  ``import slasolve`` under ``mpirun``: :mod:`slasolve._threads`);
 * the solver backends, preconditioners and eigensolvers that are available here, the
   partitioners, and the optional packages (pymetis, meshio, matplotlib).
 
@@ -202,6 +203,9 @@ def _torch_info(problems: List[str]) -> Dict[str, Any]:
     mps = getattr(getattr(torch, "backends", None), "mps", None)
     if mps is not None and getattr(mps, "is_available", lambda: False)():
         info["devices"].append("mps")
+    from ._threads import torch_threads_note
+    info["threads"] = torch.get_num_threads()
+    info["threads_set_by_slasolve"] = torch_threads_note()
     return info
 
 
@@ -294,7 +298,8 @@ def format_config(info: Dict[str, Any]) -> str:
     if t.get("ok"):
         cuda = "yes" if t.get("cuda_available") else ("no" + (f" ({t['cuda_error']})" if t.get("cuda_error") else ""))
         lines.append(f"torch:    {t['version']}, {t['build']} build; CUDA available: {cuda}; "
-                     f"devices: {', '.join(t['devices'])}")
+                     f"devices: {', '.join(t['devices'])}; threads: {t['threads']}"
+                     + (f" (set at import: {t['threads_set_by_slasolve']})" if t["threads_set_by_slasolve"] else ""))
     else:
         lines.append(f"torch:    BROKEN ({t.get('error')})")
     lines.append("")
