@@ -27,7 +27,13 @@ same heat-equation inverse problem on both sides:
   source ``q`` (at ``exp(-|x - (0.3, 0.6)|^2 / 0.02)``), its gradient ``dJ/dq_i`` (dolfin-adjoint's
   l2 representation);
 * the gradients compared through ``dJ/dq . dq`` (``dq = cos(3x) y + 1/2``) and ``|dJ/dq|_2``,
-  with each other and with a central difference of each side's own ``J`` (``h = 1e-4``).
+  with each other and with a central difference of each side's own ``J`` (``h = 1e-4``);
+* ``--control conductivity``: the control is instead a cellwise conductivity
+  ``kappa (1 + 0.5 sin(3x) cos(2y))`` at the centroids (DOLFIN: a DG0 Function), the source fixed at
+  ``q0``, gradients compared through ``dJ/dk . dk`` (``dk`` the same formula as ``dq``, per cell).
+  ``K``'s values then need a gradient, so slasolve's adjoint reads the forward states and with
+  snapshots recomputes them (``recompute_factor`` in the output); with ``--control source`` its
+  adjoint reads no state and recomputes nothing.
 
 slasolve: ``LinearTimeProblem(M, K, source=M q, scheme="be", method="direct")`` (one MUMPS
 factorisation for every forward and adjoint step), with ``--compare-snapshots`` snapshots (what
@@ -105,7 +111,8 @@ PEER_PYTHON = os.path.join(ROOT, ".venv-dolfin-adjoint", "bin", "python")
 PEER_WORKER = os.path.join(HERE, "transient_dolfin_adjoint.py")
 
 
-def compare_worker(n: int, steps: int, snapshots: int, t_end: float, kappa: float, fd: bool) -> None:
+def compare_worker(n: int, steps: int, snapshots: int, t_end: float, kappa: float, fd: bool,
+                   control: str = "source") -> None:
     """Collective. slasolve's side of --compare (see the module docstring)."""
     import resource
 
@@ -129,9 +136,19 @@ def compare_worker(n: int, steps: int, snapshots: int, t_end: float, kappa: floa
     dq = V.interpolate(lambda x: torch.cos(3 * x[:, 0]) * x[:, 1] + 0.5)
     P = LinearTimeProblem(M, K, lambda t, q: M @ q, scheme="be", method="direct")
     ck = None if snapshots == 0 else snapshots
+    # --control conductivity: kappa per cell at the centroids, the source fixed at q0; K's values
+    # then need a gradient, so the adjoint reads the states (snapshots recomputed)
+    c = V.cell_coords.mean(1)
+    k0 = kappa * (1 + 0.5 * torch.sin(3 * c[:, 0]) * torch.cos(2 * c[:, 1]))
+    dk = torch.cos(3 * c[:, 0]) * c[:, 1] + 0.5
+    m0, dm = (k0, dk) if control == "conductivity" else (q0, dq)
 
-    def loss(q, N, **kw):
-        u = integrate(P, u0, q, dt=t_end / N, n_steps=N, checkpoints=ck, **kw)
+    def loss(m, N, **kw):
+        if control == "conductivity":
+            Pk = LinearTimeProblem(M, V.stiffness(m), lambda t, q: M @ q, scheme="be", method="direct")
+            u = integrate(Pk, u0, q0, dt=t_end / N, n_steps=N, checkpoints=ck, **kw)
+        else:
+            u = integrate(P, u0, m, dt=t_end / N, n_steps=N, checkpoints=ck, **kw)
         info = None
         if isinstance(u, tuple):
             u, info = u
@@ -139,15 +156,15 @@ def compare_worker(n: int, steps: int, snapshots: int, t_end: float, kappa: floa
         return 0.5 * slasolve.global_sum((e * (M @ e)).sum()), info
 
     def loss_and_gradient(N):
-        q = q0.clone().requires_grad_(True)
+        m = m0.clone().requires_grad_(True)
         comm.Barrier()
         t0 = time.perf_counter()
-        J, info = loss(q, N, return_info=True)
+        J, info = loss(m, N, return_info=True)
         t1 = time.perf_counter()
         J.backward()
         t2 = time.perf_counter()
-        return {"loss": float(J.detach()), "g_dot_dq": float(slasolve.global_sum((q.grad * dq).sum())),
-                "g_norm": float(slasolve.global_sum((q.grad * q.grad).sum())) ** 0.5,
+        return {"loss": float(J.detach()), "g_dot_dq": float(slasolve.global_sum((m.grad * dm).sum())),
+                "g_norm": float(slasolve.global_sum((m.grad * m.grad).sum())) ** 0.5,
                 "forward_s": t1 - t0, "gradient_s": t2 - t1, "info": info}
 
     def max_over_ranks(x):
@@ -172,7 +189,7 @@ def compare_worker(n: int, steps: int, snapshots: int, t_end: float, kappa: floa
     if fd:
         h = 1e-4
         with torch.no_grad():
-            res["fd"] = float((loss(q0 + h * dq, steps)[0] - loss(q0 - h * dq, steps)[0]) / (2 * h))
+            res["fd"] = float((loss(m0 + h * dm, steps)[0] - loss(m0 - h * dm, steps)[0]) / (2 * h))
     if comm.rank == 0:
         res.update({"contender": "slasolve " + (f"{snapshots} snapshots" if ck else "full storage"),
                     "ranks": comm.size, "nodes": V.n_global_dofs, "steps": steps,
@@ -212,10 +229,10 @@ def compare(a) -> dict:
     base = [str(a.n), str(a.compare_steps[0])]
     contenders = {f"slasolve {a.compare_snapshots} snapshots":
                   lambda fd: [sys.executable, __file__, "--compare-worker", *base, str(a.compare_snapshots),
-                              str(a.t_end), str(a.kappa), str(int(fd))],
+                              str(a.t_end), str(a.kappa), str(int(fd)), a.control],
                   "slasolve full storage":
                   lambda fd: [sys.executable, __file__, "--compare-worker", *base, "0", str(a.t_end), str(a.kappa),
-                              str(int(fd))]}
+                              str(int(fd)), a.control]}
     if a.no_full_storage:
         del contenders["slasolve full storage"]
     if a.baseline:
@@ -226,9 +243,10 @@ def compare(a) -> dict:
     base_env = dict(env, PYTHONPATH=(a.baseline or "") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if not why:
         contenders["dolfin-adjoint"] = lambda fd: [PEER_PYTHON, PEER_WORKER, base[0], base[1], str(a.t_end),
-                                                   str(a.kappa)] + (["--fd"] if fd else [])
+                                                   str(a.kappa), "--control", a.control] + (["--fd"] if fd else [])
     out = {"problem": {"n": a.n, "steps": a.compare_steps[0], "t_end": a.t_end, "kappa": a.kappa,
-                       "scheme": "backward Euler", "element": "P1 triangles", "snapshots": a.compare_snapshots},
+                       "scheme": "backward Euler", "element": "P1 triangles", "snapshots": a.compare_snapshots,
+                       "control": a.control},
            "machine": {"cores": os.cpu_count(), "load_average_at_start": os.getloadavg()},
            "peer_skipped": why or None, "baseline": a.baseline, "runs": []}
     names = list(contenders)
@@ -305,6 +323,8 @@ def _print_compare(s: dict) -> None:
             line += f"; time vs baseline {c['time_ratio_vs_baseline']['median']:.3f}x"
         if c["fd_rel_err"] is not None:
             line += f"; |dJ.dq - FD| / |FD| {c['fd_rel_err']:.1e}"
+        if c.get("recompute_factor"):
+            line += f"; recompute factor {c['recompute_factor']:.2f}"
         if c["adjoint_over_forward_step"]:
             r = c["adjoint_over_forward_step"]
             line += f"; adjoint/forward step {min(r):.2f}-{max(r):.2f}"
@@ -330,14 +350,16 @@ def main() -> None:
     p.add_argument("--no-full-storage", action="store_true", help="--compare without slasolve's full storage run")
     p.add_argument("--baseline", default=None, metavar="ROOT",
                    help="--compare: also run another checkout's slasolve (e.g. /work/main), alternated")
-    p.add_argument("--compare-worker", nargs=6, help=argparse.SUPPRESS)
+    p.add_argument("--control", choices=["source", "conductivity"], default="source",
+                   help="--compare: the control (conductivity: the snapshots are recomputed)")
+    p.add_argument("--compare-worker", nargs=7, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
         worker(*a.worker)
         return
     if a.compare_worker:
         w = a.compare_worker
-        compare_worker(int(w[0]), int(w[1]), int(w[2]), float(w[3]), float(w[4]), bool(int(w[5])))
+        compare_worker(int(w[0]), int(w[1]), int(w[2]), float(w[3]), float(w[4]), bool(int(w[5])), w[6])
         return
     if a.compare:
         out = compare(a)

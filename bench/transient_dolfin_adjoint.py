@@ -3,12 +3,14 @@
 Run by ``bench/transient.py`` with the peer venv's python (``bench/install_peers.sh``), alone or
 under ``mpirun``; it imports neither slasolve nor torch. Prints one ``RESULT {json}`` line on rank 0.
 
-    python bench/transient_dolfin_adjoint.py N STEPS T KAPPA
+    python bench/transient_dolfin_adjoint.py N STEPS T KAPPA [--fd] [--control conductivity]
 
 The problem is ``transient.py``'s (see its docstring): ``UnitSquareMesh(N, N)`` (diagonal "right":
 the squares cut from the low corner, as ``slasolve.fem.box_mesh(N, cell="triangle")``), P1,
 backward Euler written as dolfin-adjoint's tutorials do (``solve(a == L, u)`` each step, MUMPS,
 ``u_old.assign(u)``), the default tape (no checkpointing: pyadjoint 2023.0 has none).
+``--control conductivity``: the control is a cellwise (DG0) conductivity
+``KAPPA (1 + 0.5 sin(3 x) cos(2 y))`` at the centroids, the source fixed at ``q0``.
 """
 import json
 import resource
@@ -26,6 +28,7 @@ set_log_level(LogLevel.WARNING)
 parameters["std_out_all_processes"] = False
 
 n, steps, T, kappa = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+by_conductivity = "--control" in sys.argv and sys.argv[sys.argv.index("--control") + 1] == "conductivity"
 comm = MPI.comm_world
 mesh = UnitSquareMesh(comm, n, n)
 V = FunctionSpace(mesh, "P", 1)
@@ -34,15 +37,22 @@ q0 = interpolate(Expression("exp(-((x[0]-0.3)*(x[0]-0.3) + (x[1]-0.6)*(x[1]-0.6)
 u0 = interpolate(Expression("sin(pi*x[0]) * x[1]", degree=1), V)
 d = interpolate(Expression("x[0] * x[1]", degree=1), V)
 dq = interpolate(Expression("cos(3*x[0]) * x[1] + 0.5", degree=1), V)
+# the cellwise conductivity and its direction (DG0 interpolation evaluates at the centroid)
+W = FunctionSpace(mesh, "DG", 0)
+k0 = interpolate(Expression("kappa * (1 + 0.5 * sin(3*x[0]) * cos(2*x[1]))", kappa=kappa, degree=0), W)
+dk = interpolate(Expression("cos(3*x[0]) * x[1] + 0.5", degree=0), W)
+m0, dm = (k0, dk) if by_conductivity else (q0, dq)
 
 
-def loss(q, N):
+def loss(m, N):
+    """The loss of control ``m``: the source (nodal) or the conductivity (cellwise)."""
+    q, k = (q0, m) if by_conductivity else (m, Constant(kappa))
     dt = T / N
     v, w = TrialFunction(V), TestFunction(V)
     u_old = Function(V)
     u_old.assign(u0)
     u = Function(V)
-    a = v * w * dx + Constant(dt * kappa) * inner(grad(v), grad(w)) * dx
+    a = v * w * dx + Constant(dt) * k * inner(grad(v), grad(w)) * dx
     L = u_old * w * dx + Constant(dt) * q * w * dx
     for _ in range(N):
         solve(a == L, u, solver_parameters={"linear_solver": "mumps"})
@@ -53,14 +63,14 @@ def loss(q, N):
 def loss_and_gradient(N):
     tape = get_working_tape()
     tape.clear_tape()
-    q = q0.copy(deepcopy=True)
+    m = m0.copy(deepcopy=True)
     comm.Barrier()
     t0 = time.perf_counter()
-    J = loss(q, N)
+    J = loss(m, N)
     t1 = time.perf_counter()
-    g = compute_gradient(J, Control(q))   # l2 representation: dJ/dq_i, what slasolve returns
+    g = compute_gradient(J, Control(m))   # l2 representation: dJ/dm_i, what slasolve returns
     t2 = time.perf_counter()
-    out = {"loss": float(J), "g_dot_dq": g.vector().inner(dq.vector()), "g_norm": g.vector().norm("l2"),
+    out = {"loss": float(J), "g_dot_dq": g.vector().inner(dm.vector()), "g_norm": g.vector().norm("l2"),
            "forward_s": t1 - t0, "gradient_s": t2 - t1}
     tape.clear_tape()
     return out
@@ -87,9 +97,9 @@ if "--fd" in sys.argv:
     with stop_annotating():
         vals = []
         for s in (h, -h):
-            q = q0.copy(deepcopy=True)
-            q.vector().axpy(s, dq.vector())
-            vals.append(float(loss(q, steps)))
+            m = m0.copy(deepcopy=True)
+            m.vector().axpy(s, dm.vector())
+            vals.append(float(loss(m, steps)))
     res["fd"] = (vals[0] - vals[1]) / (2 * h)
 if comm.rank == 0:
     import dolfin
