@@ -120,6 +120,7 @@ class NonlinearProblem:
         self._slots = {}        # dtype -> the scalar tangent's kept entries (see _scalar_slots)
         self._np = None         # NumPy copies of the index arrays of the no-autograd path (_np_index)
         self._np_slots = None   # NumPy copies of _scalar_slots(float64)
+        self._np_dofs = None    # vector spaces: the cells' dofs in the extended array (_np_cell_dofs)
         self._np_consts = {}    # coefficient name -> (number, its per-cell NumPy array)
         self._external_kept = None   # (data key, external load) while the data are plain numbers
         terms = [] if neumann is None else ([neumann] if isinstance(neumann, tuple) else list(neumann))
@@ -220,29 +221,60 @@ class NonlinearProblem:
             self._np = (flat.cpu().numpy(), tuple(cells.shape), n_ext, bc_idx)
         return self._np
 
-    def _np_cell_values(self, u: np.ndarray) -> np.ndarray:
-        """Collective. :meth:`cell_values` of ``lift(u)`` for a scalar space, as ``(E, nv)`` NumPy."""
-        flat, shape, _, idx = self._np_index()
-        if idx is not None:
-            u = u.copy()
-            u[idx] = self.bc.values.detach().numpy()
+    def _np_lift(self, u: np.ndarray) -> np.ndarray:
+        """Local. :meth:`lift` on a NumPy owned-dof vector (a copy when there are constrained dofs)."""
+        idx = self._np_index()[3]
+        if idx is None:
+            return u
+        u = u.copy()
+        u[idx] = self.bc.values.detach().numpy()
+        return u
+
+    def _np_cell_dofs(self) -> np.ndarray:
+        """Local. Vector spaces: the local cells' dofs in the extended dof array ``[owned | ghost]``
+        (node-major), laid out ``(nv, bs, E)``: the cell index last, so that NumPy's elementwise
+        kernels run over long contiguous rows rather than over ``bs``- or ``nv``-long ones. Built once."""
+        if self._np_dofs is None:
+            flat, (E, nv), _, _ = self._np_index()
+            bs = self.space.bs
+            self._np_dofs = flat.reshape(E, nv).T[:, None, :] * bs + np.arange(bs)[None, :, None]
+        return self._np_dofs
+
+    def _np_cell_values(self, u: np.ndarray, lifted: bool = False) -> np.ndarray:
+        """Collective. :meth:`cell_values` of ``lift(u)`` (``lifted``: ``u`` is already lifted) as
+        NumPy: ``(E, nv)`` for a scalar space; ``(nv, bs, E)`` for a vector one (cell index last,
+        see :meth:`_np_cell_dofs`)."""
+        bs = self.space.bs
+        if not lifted:
+            u = self._np_lift(u)
         if self.comm.Get_size() > 1:
-            u = np.concatenate([u, self.space.node_plan.forward_raw(torch.from_numpy(u[:, None])).numpy()[:, 0]])
+            u = np.concatenate([u, self.space.node_plan.forward_raw(torch.from_numpy(u.reshape(-1, bs)))
+                                .numpy().reshape(-1)])
+        if bs > 1:
+            return u.take(self._np_cell_dofs())
+        flat, shape, _, _ = self._np_index()
         return u.take(flat).reshape(shape)
 
     def _np_assemble_cells(self, re: np.ndarray) -> np.ndarray:
-        """Collective. :meth:`_assemble_cells` of ``(E, nv)`` scalar cell vectors (the same sums in
-        the same order: ``bincount`` adds its weights in sequence, as ``index_add``)."""
+        """Collective. :meth:`_assemble_cells` on NumPy arrays, the cell vectors laid out as
+        :meth:`_np_cell_values` gives cell values (scalar spaces: the same sums in the same order,
+        ``bincount`` adds its weights in sequence as ``index_add`` does); the owned dofs, flat."""
         flat, _, n_ext, _ = self._np_index()
-        buf = _sum_into(flat, re.reshape(-1), n_ext)
-        n_owned = self.space.n_owned_nodes
+        bs = self.space.bs
+        if bs == 1:
+            buf = _sum_into(flat, re.reshape(-1), n_ext)
+        else:
+            buf = _sum_into(self._np_cell_dofs().reshape(-1), re.reshape(-1), n_ext * bs)
+        n_owned = self.space.n_owned_nodes * bs
         owned = buf[:n_owned]
         if self.comm.Get_size() > 1:
-            owned = owned + self.space.node_plan.reverse_raw(torch.from_numpy(buf[n_owned:, None])).numpy()[:, 0]
+            ghost = torch.from_numpy(buf[n_owned:].reshape(-1, bs))
+            owned = owned + self.space.node_plan.reverse_raw(ghost).numpy().reshape(-1)
         return owned
 
     def _np_finish_residual(self, u: np.ndarray, re: np.ndarray) -> torch.Tensor:
-        """Collective. :meth:`_finish_residual` for a scalar space on NumPy arrays."""
+        """Collective. :meth:`_finish_residual` on NumPy arrays (``re`` as :meth:`_np_assemble_cells`
+        takes it)."""
         r = self._np_assemble_cells(re)
         ext = self.external()
         if ext is not None:
