@@ -28,7 +28,7 @@ def gmax(x) -> float:
     return COMM.allreduce(float(x.abs().max()) if x.numel() else 0.0, op=MPI.MAX)
 
 
-def solid(cell: str):
+def solid(cell: str, block_jacobian: bool = False):
     layers = max(4, COMM.Get_size())     # box_mesh needs a cell layer per rank
     mesh = box_mesh((4, layers) if cell == "triangle" else (2, 3, layers), cell=cell, comm=COMM)
     d = mesh.dim
@@ -37,7 +37,7 @@ def solid(cell: str):
                      lambda x: 0.05 * torch.stack([x[:, 1]] + [x[:, 0] + x[:, -1]] * (d - 1), 1))
     t = [0.1] + [0.0] * (d - 2) + [-0.2]
     P = NeoHookean(V, bc, mu=1.3, lmbda=2.5, body_force=[0.02] + [0.0] * (d - 2) + [-0.1],
-                   traction=(t, lambda x: x[:, 0] > 1 - EPS))
+                   traction=(t, lambda x: x[:, 0] > 1 - EPS), block_jacobian=block_jacobian)
     return V, P
 
 
@@ -66,10 +66,10 @@ def torch_only(P):
 
 
 @pytest.mark.parametrize("cell", ["triangle", "tetra"])
-@pytest.mark.parametrize("grad", [False, True])
-def test_numpy_kernels_equal_torch_path(cell, grad):
-    V, P = solid(cell)
-    _, R = solid(cell)
+@pytest.mark.parametrize("grad,block", [(False, False), (True, False), (False, True)])
+def test_numpy_kernels_equal_torch_path(cell, grad, block):
+    V, P = solid(cell, block)
+    _, R = solid(cell, block)
     torch_only(R)
     u = deformation(V, 3)
     mu, lmbda = params(V, grad)
@@ -84,6 +84,7 @@ def test_numpy_kernels_equal_torch_path(cell, grad):
         scale = gmax(r_ref.detach())
         assert scale > 0.1
         assert gmax(r - r_ref.detach()) <= 1e-13 * scale
+        assert K.local.block_shape == K_ref.local.block_shape and K.values.shape == K_ref.values.shape
         assert torch.equal(K.local.indices, K_ref.local.indices)
         assert gmax(K.values - K_ref.values) <= 1e-13 * gmax(K_ref.values)
         assert abs(float(e) - float(e_ref.detach())) <= 1e-13 * abs(float(e_ref.detach()))

@@ -243,9 +243,10 @@ class NeoHookean(NonlinearProblem):
         # re[a, i, e] = Σ_J G[a, J, e] P[i, J, e]
         return self._np_finish_residual(un, (G[:, None, :, :] * P[None]).sum(2))
 
-    def _np_tangent_blocks(self, u: torch.Tensor, mu: np.ndarray, lmbda: np.ndarray) -> np.ndarray:
-        """Collective. :meth:`_tangent_blocks` on simplices without autograd, from ``u``: the same
-        formulas in NumPy, returned in the same ``(dim, dim, E, nv, nv)`` layout."""
+    def _np_tangent_sums(self, u: torch.Tensor, mu: np.ndarray, lmbda: np.ndarray) -> np.ndarray:
+        """Collective. The formulas of :meth:`_tangent_blocks` on simplices without autograd, from
+        ``u``, summed straight into the matrix slots: ``(nnz + n_remote, dim, dim)`` (see
+        :meth:`_np_finish_block_jacobian`); no ``(dim, dim, E, nv, nv)`` array is formed."""
         F = self._np_F(self._np_lift(u.detach().numpy()))
         det = _np_det(F)
         self._inverted(det, True)
@@ -255,10 +256,12 @@ class NeoHookean(NonlinearProblem):
         Bt = (G[:, :, None, :] * _np_inv(F, det)[None]).sum(1).transpose(1, 0, 2)
         lw = lmbda * w
         cw = (lmbda * np.log(det) - mu) * w
-        # K[i, k, e, a, b] = lw B_ai B_bk - cw B_ak B_bi + δ_ik μ L_ab, one (i, k) block at a time
-        # (nv, nv, E)-sized temporaries stay in cache; each is written once, transposed, into K
+        # K[i, k, e, a, b] = lw B_ai B_bk - cw B_ak B_bi + δ_ik μ L_ab, one (i, k) block at a time:
+        # an (nv, nv, E) temporary (in cache) summed into its slots by one bincount
         Bl, Bc, lap = Bt * lw, Bt * cw, L * mu
-        K = np.empty((d, d, F.shape[2], G.shape[0], G.shape[0]))
+        slots = self._np_block_slots()
+        n = self.space.nnz + self.space.n_remote
+        V = np.empty((n, d, d))
         t = np.empty(lap.shape)
         for i in range(d):
             for k in range(d):
@@ -266,8 +269,8 @@ class NeoHookean(NonlinearProblem):
                 t -= Bc[k][:, None, :] * Bt[i][None, :, :]
                 if i == k:
                     t += lap
-                K[i, k] = t.transpose(2, 0, 1)
-        return K
+                V[:, i, k] = np.bincount(slots, weights=t.reshape(-1), minlength=n)
+        return V
 
     def _np_energy(self, u: torch.Tensor, mu: np.ndarray, lmbda: np.ndarray) -> torch.Tensor:
         """Collective. :meth:`energy` on simplices without autograd."""
@@ -330,8 +333,7 @@ class NeoHookean(NonlinearProblem):
                  lmbda: Union[None, float, torch.Tensor] = None) -> DSparseTensor:
         """Collective. Consistent (symmetric) tangent with Dirichlet rows/columns eliminated."""
         if self.simplex and self._fast(u, graph=False):
-            Kb = self._np_tangent_blocks(u, *self._params(u, mu, lmbda, numpy=True))
-            return self._finish_jacobian(torch.from_numpy(Kb), blocked=True)
+            return self._np_finish_block_jacobian(self._np_tangent_sums(u, *self._params(u, mu, lmbda, numpy=True)))
         m, l = self._params(u, mu, lmbda)
         with torch.no_grad():
             F, _ = self._F_checked(u.detach())

@@ -121,6 +121,9 @@ class NonlinearProblem:
         self._np = None         # NumPy copies of the index arrays of the no-autograd path (_np_index)
         self._np_slots = None   # NumPy copies of _scalar_slots(float64)
         self._np_dofs = None    # vector spaces: the cells' dofs in the extended array (_np_cell_dofs)
+        self._np_bslots = None  # vector spaces: the element blocks' matrix slots (_np_block_slots)
+        self._np_masks = None   # NumPy copies of _dirichlet_masks(float64)
+        self._np_perm = None    # NumPy copy of the scalar layout's permutation
         self._np_consts = {}    # coefficient name -> (number, its per-cell NumPy array)
         self._external_kept = None   # (data key, external load) while the data are plain numbers
         terms = [] if neumann is None else ([neumann] if isinstance(neumann, tuple) else list(neumann))
@@ -303,6 +306,42 @@ class NonlinearProblem:
             r = sp.nnz_plan.reverse_raw(torch.from_numpy(r)).numpy()
             v = v + np.where(zero, 0.0, r)
         return sp.template.with_values(torch.from_numpy(v))
+
+    def _np_block_slots(self) -> np.ndarray:
+        """Local. Vector spaces: the matrix slot (``< nnz``: owned block, else ``nnz +`` remote
+        entry) of each element-matrix block ``(a, b)`` of each cell, laid out ``(nv, nv, E)`` (the
+        cell index last, as :meth:`_np_cell_dofs`), flat. Built once."""
+        if self._np_bslots is None:
+            sp = self.space
+            E, nv = sp.mesh.n_local_cells, sp.nv
+            slot = sp._slot.cpu().numpy().reshape(E, nv, nv)
+            self._np_bslots = np.ascontiguousarray(slot.transpose(1, 2, 0)).reshape(-1)
+        return self._np_bslots
+
+    def _np_finish_block_jacobian(self, V: np.ndarray) -> DSparseTensor:
+        """Collective. :meth:`_finish_jacobian` of element tangents already summed per matrix slot:
+        ``V`` ``(nnz + n_remote, bs, bs)``, the owned blocks then the entries of other ranks' rows
+        (the sums :meth:`Assembler._assemble_slots` makes), on NumPy arrays; the same Dirichlet
+        elimination and scalar (AIJ) or block layout."""
+        sp = self.space
+        nnz = sp.nnz
+        v = V[:nnz]
+        if self.comm.Get_size() > 1:
+            v = v + sp.nnz_plan.reverse_raw(torch.from_numpy(V[nnz:])).numpy()
+        if self.bc is not None:
+            if self._np_masks is None:
+                zero, diag = self._dirichlet_masks(torch.float64)
+                self._np_masks = (zero.cpu().numpy(), None if diag is None else diag.cpu().numpy())
+            zero, diag = self._np_masks
+            v = np.where(zero, 0.0, v)
+            if diag is not None:
+                v += diag
+        if self.block_jacobian:
+            return sp.template.with_values(torch.from_numpy(v))
+        T, perm = self._scalar_layout(sp.template)
+        if self._np_perm is None:
+            self._np_perm = perm.cpu().numpy()
+        return T.with_values(torch.from_numpy(v.reshape(-1).take(self._np_perm)))
 
     def _constant_data_key(self):
         """Local. A key of the source and Neumann data when all of them are plain numbers (or
