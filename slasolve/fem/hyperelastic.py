@@ -79,6 +79,22 @@ def _np_inv(F: np.ndarray, det: np.ndarray) -> np.ndarray:
     return adj
 
 
+def _np_contract(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Local. ``Z[i, j, e] = Σ_a X[a, i, e] Y[a, j, e]`` for ``(n, p, E)`` and ``(n, q, E)`` NumPy
+    stacks, one E-long row at a time: an ``(n, p, q, E)`` broadcast product then summed would pass
+    through memory several times (at 5e5 cells, 150 MB per temporary)."""
+    n, p, E = X.shape
+    Z = np.empty((p, Y.shape[1], E))
+    tmp = np.empty(E)
+    for i in range(p):
+        for j in range(Y.shape[1]):
+            z = Z[i, j]
+            np.multiply(X[0, i], Y[0, j], out=z)
+            for a in range(1, n):
+                z += np.multiply(X[a, i], Y[a, j], out=tmp)
+    return Z
+
+
 def _sum2(x: np.ndarray):
     """Local. ``sum(x)`` in about twice the working precision, as ``(hi, lo)`` with ``hi + lo`` the
     sum: a pairwise tree whose additions keep their exact rounding errors (Knuth's TwoSum), those
@@ -218,9 +234,7 @@ class NeoHookean(NonlinearProblem):
     def _np_H(self, ul: np.ndarray) -> np.ndarray:
         """Collective. ``H[i, J, e] = Σ_a u_ai G_aJ = F - I`` ``(dim, dim, E)`` (simplices) from the
         lifted owned dofs."""
-        ue = self._np_cell_values(ul, lifted=True)                          # (nv, d, E)
-        G = self._np_data()[0]
-        return (ue[:, :, None, :] * G[:, None, :, :]).sum(0)
+        return _np_contract(self._np_cell_values(ul, lifted=True), self._np_data()[0])
 
     def _np_F(self, ul: np.ndarray) -> np.ndarray:
         """Collective. ``F = I + H`` ``(dim, dim, E)`` (simplices) from the lifted owned dofs."""
@@ -241,7 +255,7 @@ class NeoHookean(NonlinearProblem):
         P += (lmbda * np.log(det) - mu) * _np_inv(F, det).transpose(1, 0, 2)
         P *= w
         # re[a, i, e] = Σ_J G[a, J, e] P[i, J, e]
-        return self._np_finish_residual(un, (G[:, None, :, :] * P[None]).sum(2))
+        return self._np_finish_residual(un, _np_contract(G.transpose(1, 0, 2), P.transpose(1, 0, 2)))
 
     def _np_tangent_sums(self, u: torch.Tensor, mu: np.ndarray, lmbda: np.ndarray) -> np.ndarray:
         """Collective. The formulas of :meth:`_tangent_blocks` on simplices without autograd, from
@@ -253,23 +267,29 @@ class NeoHookean(NonlinearProblem):
         G, w, L = self._np_data()
         d = F.shape[0]
         # Bt[i, a, e] = B_ai = Σ_J G_aJ F⁻¹_Ji
-        Bt = (G[:, :, None, :] * _np_inv(F, det)[None]).sum(1).transpose(1, 0, 2)
+        Bt = _np_contract(_np_inv(F, det), G.transpose(1, 0, 2))
         lw = lmbda * w
         cw = (lmbda * np.log(det) - mu) * w
         # K[i, k, e, a, b] = lw B_ai B_bk - cw B_ak B_bi + δ_ik μ L_ab, one (i, k) block at a time:
-        # an (nv, nv, E) temporary (in cache) summed into its slots by one bincount
+        # an (nv, nv, E) temporary summed into its slots by one bincount. K[k, i, e, a, b] =
+        # K[i, k, e, b, a], so the blocks k < i are the sums of i < k at the transposed slots.
         Bl, Bc, lap = Bt * lw, Bt * cw, L * mu
         slots = self._np_block_slots()
         n = self.space.nnz + self.space.n_remote
         V = np.empty((n, d, d))
         t = np.empty(lap.shape)
         for i in range(d):
-            for k in range(d):
+            for k in range(i, d):
                 np.multiply(Bl[i][:, None, :], Bt[k][None, :, :], out=t)
                 t -= Bc[k][:, None, :] * Bt[i][None, :, :]
                 if i == k:
                     t += lap
                 V[:, i, k] = np.bincount(slots, weights=t.reshape(-1), minlength=n)
+        if d > 1:
+            tr = self._np_transposed_slots()
+            for i in range(d):
+                for k in range(i + 1, d):
+                    V[:, k, i] = V[tr, i, k]
         return V
 
     def _np_energy(self, u: torch.Tensor, mu: np.ndarray, lmbda: np.ndarray) -> torch.Tensor:

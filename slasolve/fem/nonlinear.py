@@ -122,6 +122,7 @@ class NonlinearProblem:
         self._np_slots = None   # NumPy copies of _scalar_slots(float64)
         self._np_dofs = None    # vector spaces: the cells' dofs in the extended array (_np_cell_dofs)
         self._np_bslots = None  # vector spaces: the element blocks' matrix slots (_np_block_slots)
+        self._np_tslots = None  # vector spaces: the transposed blocks' slots (_np_transposed_slots)
         self._np_masks = None   # NumPy copies of _dirichlet_masks(float64)
         self._np_perm = None    # NumPy copy of the scalar layout's permutation
         self._np_consts = {}    # coefficient name -> (number, its per-cell NumPy array)
@@ -317,6 +318,18 @@ class NonlinearProblem:
             slot = sp._slot.cpu().numpy().reshape(E, nv, nv)
             self._np_bslots = np.ascontiguousarray(slot.transpose(1, 2, 0)).reshape(-1)
         return self._np_bslots
+
+    def _np_transposed_slots(self) -> np.ndarray:
+        """Local. Vector spaces: ``t[s]`` = the slot of the transposed block of slot ``s`` (the slot of
+        block ``(b, a)`` where ``s`` is that of ``(a, b)``, in any cell: both depend on the two
+        nodes only), over the ``nnz + n_remote`` slots of this rank's element sums. Built once."""
+        if self._np_tslots is None:
+            sp = self.space
+            S = self._np_block_slots().reshape(sp.nv, sp.nv, -1)
+            t = np.arange(sp.nnz + sp.n_remote)      # a slot no cell reaches holds zeros: any value works
+            t[S.reshape(-1)] = S.transpose(1, 0, 2).reshape(-1)
+            self._np_tslots = t
+        return self._np_tslots
 
     def _np_finish_block_jacobian(self, V: np.ndarray) -> DSparseTensor:
         """Collective. :meth:`_finish_jacobian` of element tangents already summed per matrix slot:
