@@ -120,6 +120,11 @@ class NonlinearProblem:
         self._slots = {}        # dtype -> the scalar tangent's kept entries (see _scalar_slots)
         self._np = None         # NumPy copies of the index arrays of the no-autograd path (_np_index)
         self._np_slots = None   # NumPy copies of _scalar_slots(float64)
+        self._np_dofs = None    # vector spaces: the cells' dofs in the extended array (_np_cell_dofs)
+        self._np_bslots = None  # vector spaces: the element blocks' matrix slots (_np_block_slots)
+        self._np_tslots = None  # vector spaces: the transposed blocks' slots (_np_transposed_slots)
+        self._np_masks = None   # NumPy copies of _dirichlet_masks(float64)
+        self._np_perm = None    # NumPy copy of the scalar layout's permutation
         self._np_consts = {}    # coefficient name -> (number, its per-cell NumPy array)
         self._external_kept = None   # (data key, external load) while the data are plain numbers
         terms = [] if neumann is None else ([neumann] if isinstance(neumann, tuple) else list(neumann))
@@ -220,29 +225,60 @@ class NonlinearProblem:
             self._np = (flat.cpu().numpy(), tuple(cells.shape), n_ext, bc_idx)
         return self._np
 
-    def _np_cell_values(self, u: np.ndarray) -> np.ndarray:
-        """Collective. :meth:`cell_values` of ``lift(u)`` for a scalar space, as ``(E, nv)`` NumPy."""
-        flat, shape, _, idx = self._np_index()
-        if idx is not None:
-            u = u.copy()
-            u[idx] = self.bc.values.detach().numpy()
+    def _np_lift(self, u: np.ndarray) -> np.ndarray:
+        """Local. :meth:`lift` on a NumPy owned-dof vector (a copy when there are constrained dofs)."""
+        idx = self._np_index()[3]
+        if idx is None:
+            return u
+        u = u.copy()
+        u[idx] = self.bc.values.detach().numpy()
+        return u
+
+    def _np_cell_dofs(self) -> np.ndarray:
+        """Local. Vector spaces: the local cells' dofs in the extended dof array ``[owned | ghost]``
+        (node-major), laid out ``(nv, bs, E)``: the cell index last, so that NumPy's elementwise
+        kernels run over long contiguous rows rather than over ``bs``- or ``nv``-long ones. Built once."""
+        if self._np_dofs is None:
+            flat, (E, nv), _, _ = self._np_index()
+            bs = self.space.bs
+            self._np_dofs = flat.reshape(E, nv).T[:, None, :] * bs + np.arange(bs)[None, :, None]
+        return self._np_dofs
+
+    def _np_cell_values(self, u: np.ndarray, lifted: bool = False) -> np.ndarray:
+        """Collective. :meth:`cell_values` of ``lift(u)`` (``lifted``: ``u`` is already lifted) as
+        NumPy: ``(E, nv)`` for a scalar space; ``(nv, bs, E)`` for a vector one (cell index last,
+        see :meth:`_np_cell_dofs`)."""
+        bs = self.space.bs
+        if not lifted:
+            u = self._np_lift(u)
         if self.comm.Get_size() > 1:
-            u = np.concatenate([u, self.space.node_plan.forward_raw(torch.from_numpy(u[:, None])).numpy()[:, 0]])
+            u = np.concatenate([u, self.space.node_plan.forward_raw(torch.from_numpy(u.reshape(-1, bs)))
+                                .numpy().reshape(-1)])
+        if bs > 1:
+            return u.take(self._np_cell_dofs())
+        flat, shape, _, _ = self._np_index()
         return u.take(flat).reshape(shape)
 
     def _np_assemble_cells(self, re: np.ndarray) -> np.ndarray:
-        """Collective. :meth:`_assemble_cells` of ``(E, nv)`` scalar cell vectors (the same sums in
-        the same order: ``bincount`` adds its weights in sequence, as ``index_add``)."""
+        """Collective. :meth:`_assemble_cells` on NumPy arrays, the cell vectors laid out as
+        :meth:`_np_cell_values` gives cell values (scalar spaces: the same sums in the same order,
+        ``bincount`` adds its weights in sequence as ``index_add`` does); the owned dofs, flat."""
         flat, _, n_ext, _ = self._np_index()
-        buf = _sum_into(flat, re.reshape(-1), n_ext)
-        n_owned = self.space.n_owned_nodes
+        bs = self.space.bs
+        if bs == 1:
+            buf = _sum_into(flat, re.reshape(-1), n_ext)
+        else:
+            buf = _sum_into(self._np_cell_dofs().reshape(-1), re.reshape(-1), n_ext * bs)
+        n_owned = self.space.n_owned_nodes * bs
         owned = buf[:n_owned]
         if self.comm.Get_size() > 1:
-            owned = owned + self.space.node_plan.reverse_raw(torch.from_numpy(buf[n_owned:, None])).numpy()[:, 0]
+            ghost = torch.from_numpy(buf[n_owned:].reshape(-1, bs))
+            owned = owned + self.space.node_plan.reverse_raw(ghost).numpy().reshape(-1)
         return owned
 
     def _np_finish_residual(self, u: np.ndarray, re: np.ndarray) -> torch.Tensor:
-        """Collective. :meth:`_finish_residual` for a scalar space on NumPy arrays."""
+        """Collective. :meth:`_finish_residual` on NumPy arrays (``re`` as :meth:`_np_assemble_cells`
+        takes it)."""
         r = self._np_assemble_cells(re)
         ext = self.external()
         if ext is not None:
@@ -271,6 +307,54 @@ class NonlinearProblem:
             r = sp.nnz_plan.reverse_raw(torch.from_numpy(r)).numpy()
             v = v + np.where(zero, 0.0, r)
         return sp.template.with_values(torch.from_numpy(v))
+
+    def _np_block_slots(self) -> np.ndarray:
+        """Local. Vector spaces: the matrix slot (``< nnz``: owned block, else ``nnz +`` remote
+        entry) of each element-matrix block ``(a, b)`` of each cell, laid out ``(nv, nv, E)`` (the
+        cell index last, as :meth:`_np_cell_dofs`), flat. Built once."""
+        if self._np_bslots is None:
+            sp = self.space
+            E, nv = sp.mesh.n_local_cells, sp.nv
+            slot = sp._slot.cpu().numpy().reshape(E, nv, nv)
+            self._np_bslots = np.ascontiguousarray(slot.transpose(1, 2, 0)).reshape(-1)
+        return self._np_bslots
+
+    def _np_transposed_slots(self) -> np.ndarray:
+        """Local. Vector spaces: ``t[s]`` = the slot of the transposed block of slot ``s`` (the slot of
+        block ``(b, a)`` where ``s`` is that of ``(a, b)``, in any cell: both depend on the two
+        nodes only), over the ``nnz + n_remote`` slots of this rank's element sums. Built once."""
+        if self._np_tslots is None:
+            sp = self.space
+            S = self._np_block_slots().reshape(sp.nv, sp.nv, -1)
+            t = np.arange(sp.nnz + sp.n_remote)      # a slot no cell reaches holds zeros: any value works
+            t[S.reshape(-1)] = S.transpose(1, 0, 2).reshape(-1)
+            self._np_tslots = t
+        return self._np_tslots
+
+    def _np_finish_block_jacobian(self, V: np.ndarray) -> DSparseTensor:
+        """Collective. :meth:`_finish_jacobian` of element tangents already summed per matrix slot:
+        ``V`` ``(nnz + n_remote, bs, bs)``, the owned blocks then the entries of other ranks' rows
+        (the sums :meth:`Assembler._assemble_slots` makes), on NumPy arrays; the same Dirichlet
+        elimination and scalar (AIJ) or block layout."""
+        sp = self.space
+        nnz = sp.nnz
+        v = V[:nnz]
+        if self.comm.Get_size() > 1:
+            v = v + sp.nnz_plan.reverse_raw(torch.from_numpy(V[nnz:])).numpy()
+        if self.bc is not None:
+            if self._np_masks is None:
+                zero, diag = self._dirichlet_masks(torch.float64)
+                self._np_masks = (zero.cpu().numpy(), None if diag is None else diag.cpu().numpy())
+            zero, diag = self._np_masks
+            v = np.where(zero, 0.0, v)
+            if diag is not None:
+                v += diag
+        if self.block_jacobian:
+            return sp.template.with_values(torch.from_numpy(v))
+        T, perm = self._scalar_layout(sp.template)
+        if self._np_perm is None:
+            self._np_perm = perm.cpu().numpy()
+        return T.with_values(torch.from_numpy(v.reshape(-1).take(self._np_perm)))
 
     def _constant_data_key(self):
         """Local. A key of the source and Neumann data when all of them are plain numbers (or
