@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-__all__ = ["get_comm", "check_collective", "settings_digest", "options_key", "exchange_by_rank", "reply_by_rank", "allreduce_sum", "allreduce_max", "allreduce_int",
+__all__ = ["get_comm", "check_collective", "raise_collected", "settings_digest", "options_key", "exchange_by_rank", "reply_by_rank", "allreduce_sum", "allreduce_max", "allreduce_int",
            "exscan_sum", "user_code"]
 
 _ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError,
@@ -103,6 +103,18 @@ def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=No
         detail = "; ".join(f"{k}: " + ", ".join(f"rank {r}: {e.get(k)}" for r, e in enumerate(everyone))
                            for k in names)
         raise ValueError(f"arguments must be the same on every rank, but differ: {detail}")
+    raise_collected(comm, error, failed)
+
+
+def raise_collected(comm: MPI.Comm, error: Optional[BaseException], failed: int) -> None:
+    """Collective. Raise on every rank, once a reduction the caller made anyway has shown that
+    ``failed > 0`` ranks hold an error (a deferred check: each rank recorded its own ``error``,
+    or None, and added ``1 if error else 0`` to that reduction). As :func:`check_collective`:
+    the lowest failing rank raises its own exception, every other rank one of the same
+    built-in type (else ``RuntimeError``) with that message and the rank it came from.
+    On one rank ``error`` is raised as it is."""
+    if comm.Get_size() == 1:
+        raise error
     payload = None if error is None else (type(error).__name__, str(error))
     messages = comm.allgather(payload)
     first = next(r for r, m in enumerate(messages) if m is not None)

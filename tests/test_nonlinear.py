@@ -567,9 +567,9 @@ def test_gamg_redo_after_a_failed_linear_solve(comm, monkeypatch):
     runs = []
     real = petsc_snes._snes_run
 
-    def counting(*args):
+    def counting(*args, **kwargs):
         runs.append(dict(args[-1]))
-        return real(*args)
+        return real(*args, **kwargs)
     monkeypatch.setattr(petsc_snes, "_snes_run", counting)
     P = FD1D(16, comm)
     f, c, a = _data(P)
@@ -710,3 +710,41 @@ def test_nested_call_on_a_kept_snes(comm):
     torch.testing.assert_close(inner[0], ref, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(u, ref, rtol=1e-12, atol=1e-14)
     assert len(inner) == 1 and len(_kept(P)) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("matrix_free", [False, True])
+@pytest.mark.parametrize("kind, at", [("raise", 1), ("raise", 3), ("shape", 1), ("shape", 4), ("dtype", 2)])
+def test_residual_problem_on_one_rank_raises_everywhere(comm, backend, matrix_free, kind, at):
+    """A residual that raises, or returns the wrong shape or dtype, on ONE rank only -- at u0 or
+    mid-solve -- raises on every rank (at u0 the petsc backend defers the check to the collective
+    check of the Jacobian at u0, or of its own without a Jacobian); the next call, on the same
+    kept SNES settings, solves."""
+    P = FD1D(16, comm)
+    f, c, a = _data(P)
+    u0 = torch.zeros_like(P.x)
+    rank, size = comm.Get_rank(), comm.Get_size()
+    calls = []
+
+    def bad(u, *p):
+        r = P.residual(u, *p)   # the halo exchange runs on every rank: the problem comes after it
+        calls.append(1)
+        if rank == size - 1 and len(calls) == at:
+            if kind == "raise":
+                raise ArithmeticError("residual failed on purpose")
+            return torch.cat([r, r[:1]]) if kind == "shape" else r.float()
+        return r
+    expected = {"raise": (ArithmeticError, "on purpose"), "shape": (ValueError, "owned rows"),
+                "dtype": (TypeError, "dtype")}[kind]
+    kw = dict(jacobian=None if matrix_free else P.jacobian, backend=backend, rtol=1e-10)
+    outcome = None
+    try:
+        nonlinear_solve(bad, u0, f, c, a, raise_on_fail=False, **kw)
+    except Exception as e:   # noqa: BLE001 - compared below on every rank
+        outcome = (type(e).__name__, bool(__import__("re").search(expected[1], str(e))))
+    _same_everywhere(comm, outcome)
+    assert outcome == (expected[0].__name__, True), outcome
+    u, info = nonlinear_solve(P.residual, u0, f, c, a, return_info=True, **kw)
+    ref = nonlinear_solve(P.residual, u0, f, c, a, **dict(kw, backend="torch"))
+    assert info.converged
+    torch.testing.assert_close(u, ref, rtol=1e-6, atol=1e-8)

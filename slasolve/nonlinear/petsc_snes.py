@@ -44,10 +44,11 @@ import math
 import time
 from typing import Callable, NamedTuple, Optional
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
-from .._comm import allreduce_int, allreduce_sum, options_key
+from .._comm import allreduce_int, check_collective, options_key
 from ..petsc import PETSc, garbage_cleanup, option_entries, temporary_options
 from ..registry import petsc_method_name
 from .info import NonlinearInfo
@@ -105,54 +106,57 @@ def _configure_ksp(ksp, ls: dict, comm_size: int, n_global: int, matrix_free: bo
 
 
 class _Callbacks:
-    """SNES function / Jacobian / monitor callbacks (state per solve)."""
+    """SNES function / Jacobian / monitor callbacks (state per solve). A problem inside them is
+    checked collectively where it happens (raised on every rank): PETSc 3.18's line search decides
+    some NaN cases per rank, so handing it NaNs from one rank's failed residual (a deferred check)
+    desynchronises the ranks -- seen as a hang at 2 ranks."""
 
-    def __init__(self, prob, dtype, progress, callback, u0, r0, J0, csr=None):
+    def __init__(self, prob, dtype, progress, callback, u0, r0, J0, csr=None, X=None):
         self.prob, self.dtype = prob, dtype
         self.csr = csr     # (indptr, indices) of the Mat in PETSc's int type, or None
-        self.error = None
+        self.error = None      # raised inside a callback on every rank (a collective check)
         self.hist, self.lits = [], []
         self._last_lits = 0
         self.progress, self.callback = progress, callback
         # F(u0) and J(u0), already evaluated: used once each when SNES asks at exactly u0
         self.u0, self.r0, self.J0 = u0, r0, J0
+        # SNES's solution Vec holding u0: (handle, state) right after u0 was written. SNES changes
+        # it only by Vec operations every rank makes, so "unchanged" is the same on every rank
+        # and needs no reduction
+        self.x0 = None if X is None else (X.handle, X.stateGet())
         self.last = None   # (u, F(u)) of the latest function evaluation
         self.last_objective = None   # (u, objective(u)) of the latest objective evaluation
 
     def _u(self, X) -> torch.Tensor:
-        return torch.from_numpy(X.getArray(readonly=True).copy()).to(self.dtype)
+        u = torch.from_numpy(X.getArray(readonly=True).copy())
+        return u if self.dtype == torch.float64 else u.to(self.dtype)
 
-    def _at_u0(self, u, first) -> bool:
-        """Collective (one small Allreduce) when ``first`` is pending: is u == u0 on every rank?"""
-        if first is None:
-            return False
-        from mpi4py import MPI
-        from .._comm import allreduce_int
-        return not allreduce_int(self.prob.comm, int(not torch.equal(u, self.u0)), MPI.MAX)
+    def _at_u0(self, X) -> bool:
+        """Local, the same on every rank: is ``X`` SNES's solution Vec, unchanged since it got u0?"""
+        return self.x0 is not None and X.handle == self.x0[0] and X.stateGet() == self.x0[1]
 
     def function(self, snes, X, F) -> None:
-        u = self._u(X)
-        try:
-            if self._at_u0(u, self.r0):
-                r, self.r0 = self.r0, None
-            else:
-                self.r0 = None
+        if self.r0 is not None and self._at_u0(X):
+            u, r = self.u0, self.r0
+        else:
+            u = self._u(X)
+            try:
                 r = self.prob.residual(u)
-        except Exception as e:  # a collective check (raised on every rank) or the user's error
-            self.error = self.error or e
-            raise
+            except Exception as e:  # a collective check (raised on every rank) or the user's error
+                self.error = self.error or e
+                raise
+        self.r0 = None
         self.last = (u, r)
-        F.setArray(r.to(torch.float64).numpy())
+        F.setArray(r.numpy() if r.dtype == torch.float64 else r.to(torch.float64).numpy())
 
     def jacobian(self, snes, X, J, P) -> None:
         from ..petsc import fill_petsc_mat
-        u = self._u(X)
         try:
-            if self._at_u0(u, self.J0):
-                dJ, self.J0 = self.J0, None
+            if self.J0 is not None and self._at_u0(X):
+                dJ = self.J0
             else:
-                self.J0 = None
-                dJ = self.prob.jacobian(u)
+                dJ = self.prob.jacobian(self._u(X))
+            self.J0 = None
         except Exception as e:
             self.error = self.error or e
             raise
@@ -311,13 +315,19 @@ class _Run(NamedTuple):
 
 
 def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
-              petsc_options, options_prefix, r0, settings, extra) -> _Run:
+              petsc_options, options_prefix, r0, settings, extra, r0_error=None) -> _Run:
     """Collective. One SNES solve from ``u0`` with the option entries ``extra`` on top of the
-    defaults, on the SNES kept for the Jacobian's layout and these settings (made on a miss)."""
+    defaults, on the SNES kept for the Jacobian's layout and these settings (made on a miss).
+    ``r0_error``: this rank's problem with ``r0`` (a deferred check), raised on every rank
+    before SNES starts, by the check of the Jacobian at ``u0``."""
     t0 = time.perf_counter()
     comm = prob.comm
     # the Jacobian at u0 (handed to SNES's first Jacobian call) names the layout whose SNES is used
-    J0 = prob.jacobian(u0.detach()) if use_jacobian else None
+    if use_jacobian:
+        J0 = prob.jacobian(u0.detach(), pending=r0_error)
+    else:
+        J0 = None
+        check_collective(comm, r0_error)
     args = (comm, prob.n_local, J0, rtol, atol, stol, maxiter, line_search, ls, petsc_options,
             options_prefix, extra, prob.has_objective)
     cache = key = None
@@ -339,9 +349,9 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
         elif ls.get("near_nullspace") is not None and _near_nullspace_changed(comm, solver, ls["near_nullspace"]):
             cache.pop(key, None)
             solver = J0._layout.cached("nonlinear_solvers", key, build, SNES_CACHE_SIZE)
-    cb = _Callbacks(prob, u0.dtype, progress, callback, u0.detach(), r0, J0, solver.csr)
     snes, X = solver.snes, solver.X
     X.setArray(u0.detach().to(torch.float64).cpu().numpy())
+    cb = _Callbacks(prob, u0.dtype, progress, callback, u0.detach(), r0, J0, solver.csr, X)
     setup = time.perf_counter() - t0
     solver.calls.cb = cb
     ok = False
@@ -376,21 +386,23 @@ def _near_nullspace_changed(comm, solver: _Solver, Z: torch.Tensor) -> bool:
 
 
 def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, use_jacobian,
-               callback, progress, settings, petsc_options=None, options_prefix=None, r0=None) -> tuple:
+               callback, progress, settings, petsc_options=None, options_prefix=None, r0=None,
+               r0_error=None) -> tuple:
     """Collective. ``(u, NonlinearInfo)`` from PETSc SNES; raises only for errors inside the
-    callbacks (collective checks, re-raised on every rank) or a rejected configuration.
-    ``settings``: the call's :class:`slasolve.settings.Settings` (agreed by ``nonlinear_solve``),
-    whose key selects the kept SNES."""
+    callbacks (collective checks, re-raised on every rank) or a rejected configuration. ``settings``: the call's
+    :class:`slasolve.settings.Settings` (agreed by ``nonlinear_solve``), whose key selects the
+    kept SNES. ``r0``: ``F(u0)`` from :meth:`Problem.residual_local`, or None with its problem
+    ``r0_error`` on this rank (raised on every rank before SNES starts)."""
     t0 = time.perf_counter()
     comm = prob.comm
     ls = dict(linear_solver)
     ls.setdefault("rtol", inner_rtol_default(u0.dtype, use_jacobian))
     args = (prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
             petsc_options, options_prefix, r0, settings)
-    out = _snes_run(*args, {})
-    kept = not PETSc.Options(options_prefix).hasName("pc_gamg_reuse_interpolation") and \
-        "pc_gamg_reuse_interpolation" not in option_entries(petsc_options)
-    if kept and out.reason == "DIVERGED_LINEAR_SOLVE" and out.pc == "gamg":  # the same on every rank
+    out = _snes_run(*args, {}, r0_error=r0_error)
+    if out.reason == "DIVERGED_LINEAR_SOLVE" and out.pc == "gamg" and \
+            not PETSc.Options(options_prefix).hasName("pc_gamg_reuse_interpolation") and \
+            "pc_gamg_reuse_interpolation" not in option_entries(petsc_options):  # the same on every rank
         if out.drop is not None:   # its prolongators failed: the next call starts afresh
             out.drop()
         out = _snes_run(*args, _REBUILD_ENTRIES)
@@ -398,14 +410,17 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
     # the true residual of the returned u decides "converged": SNES's last evaluation when it
     # was at u on every rank (it is, after a line search step), else one more
     last = cb.last
-    same = last is not None and torch.equal(last[0], u)
-    buf = torch.tensor([float((last[1].detach().to(torch.float64) ** 2).sum()) if same else 0.0,
-                        0.0 if same else 1.0], dtype=torch.float64)
-    buf = allreduce_sum(comm, buf)
+    if last is not None and torch.equal(last[0], u):
+        r = last[1].numpy() if last[1].dtype == torch.float64 else last[1].to(torch.float64).numpy()
+        buf = np.array([float(np.dot(r, r)), 0.0])
+    else:
+        buf = np.array([0.0, 1.0])
+    if comm.Get_size() > 1:
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
     if buf[1] == 0:
         fn = math.sqrt(float(buf[0]))
     else:
-        fn = global_norm(comm, prob.residual(u, check=False))
+        fn = global_norm(comm, prob.residual(u))
     hist = cb.hist or [float("nan")]
     target = max(rtol * hist[0], atol)
     if reason.startswith("CONVERGED") and reason != "CONVERGED_SNORM_RELATIVE":

@@ -7,11 +7,13 @@ from reduced scalars.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
-from .._comm import allreduce_sum, check_collective
+from .._comm import allreduce_int, allreduce_sum, check_collective, raise_collected
 
 __all__ = ["Problem", "global_norm"]
 
@@ -49,18 +51,31 @@ class Problem:
     def residual(self, u: torch.Tensor, *, check: bool = True) -> torch.Tensor:
         """Collective. ``residual(u, *params)`` (no autograd), its result checked when ``check``;
         an exception on any rank is raised on every rank (one integer Allreduce)."""
+        if check:
+            r, err = self.residual_local(u)
+        else:
+            self.nfev += 1
+            r, err = self._call(self._residual, u)
+        check_collective(self.comm, err)   # also when not checking: a raise on one rank ends it everywhere
+        return r.detach()
+
+    def residual_local(self, u: torch.Tensor):
+        """Local (the user's function may communicate: call it on every rank alike). ``(r, None)``
+        with ``r = residual(u, *params)`` checked (shape, dtype), or ``(None, the problem)``: a
+        deferred check, whose error the caller combines with a later reduction."""
         self.nfev += 1
         r, err = self._call(self._residual, u)
-        if err is None and check:
+        if err is None:
             if not isinstance(r, torch.Tensor):
                 err = TypeError(f"residual must return a torch.Tensor, got {type(r).__name__}")
-            elif tuple(r.shape) != (self.n_local,):
+            elif r.shape != (self.n_local,):
                 err = ValueError(f"residual must return this rank's {self.n_local} owned rows, shape "
                                  f"({self.n_local},), got {tuple(r.shape)}")
             elif r.dtype != self.dtype:
                 err = TypeError(f"residual returned dtype {r.dtype}, u0 is {self.dtype}")
-        check_collective(self.comm, err)   # also when not checking: a raise on one rank ends it everywhere
-        return r.detach()
+            else:
+                return r.detach(), None
+        return None, err
 
     @property
     def has_objective(self) -> bool:
@@ -82,12 +97,14 @@ class Problem:
             else:
                 err = TypeError(f"objective must return a real scalar (a 0-d tensor), got "
                                 f"{type(e).__name__}{tuple(e.shape) if isinstance(e, torch.Tensor) else ''}")
-        check_collective(self.comm, err)
         finite = math.isfinite(val)
-        buf = torch.tensor([0.0 if finite else 1.0, val if finite else 0.0, -val if finite else 0.0],
-                           dtype=torch.float64)
+        # the error check rides on the value's own reduction (a deferred check)
+        buf = np.array([0.0 if finite else 1.0, val if finite else 0.0, -val if finite else 0.0,
+                        0.0 if err is None else 1.0])
         if self.comm.Get_size() > 1:
-            self.comm.Allreduce(MPI.IN_PLACE, buf.numpy(), op=MPI.MAX)
+            self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+        if buf[3] > 0:
+            raise_collected(self.comm, err, allreduce_int(self.comm, int(err is not None)))
         if buf[0] > 0:
             return math.inf
         hi, lo = float(buf[1]), -float(buf[2])
@@ -97,9 +114,11 @@ class Problem:
                              "slasolve.global_sum)")
         return hi
 
-    def jacobian(self, u: torch.Tensor):
+    def jacobian(self, u: torch.Tensor, pending: Optional[BaseException] = None):
         """Collective. ``jacobian(u, *params)`` (no autograd): a square row-shard
-        DSparseTensor whose owned rows match ``u``, with the pattern of the first call."""
+        DSparseTensor whose owned rows match ``u``, with the pattern of the first call.
+        ``pending``: this rank's error from a deferred check (:meth:`residual_local`), raised
+        on every rank by this call's own check, before any problem of the Jacobian."""
         from ..dsparse import DSparseTensor
         self.njev += 1
         J, err = self._call(self._jacobian, u)
@@ -125,7 +144,7 @@ class Problem:
                     and torch.equal(ip, self._pattern[1]) and torch.equal(ix, self._pattern[2])):
                 err = ValueError("jacobian returned a different sparsity pattern than at the first "
                                  "Newton step; keep one pattern (store explicit zeros)")
-        check_collective(self.comm, err)
+        check_collective(self.comm, pending or err)
         if self._pattern is None:
             self._pattern = (J._layout, J.local.indptr, J.local.indices)
         return J.detach()

@@ -360,17 +360,18 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     dparams = tuple(p.detach() if isinstance(p, torch.Tensor) or _is_dsparse(p) else p for p in params)
     callback = user_code(comm, callback, "callback")   # a raise on one rank ends the solve everywhere
     prob = Problem(residual, jacobian, dparams, comm, int(u0.shape[0]), u0.dtype, objective=objective)
-    r0 = prob.residual(u0.detach())  # checked collectively (shape, dtype)
     kw = dict(rtol=rtol, atol=atol, stol=stol, maxiter=int(maxiter), line_search=line_search,
               linear_solver=linear_solver, use_jacobian=jacobian is not None, callback=callback,
               progress=progress)
     if backend == "petsc":
         from .petsc_snes import snes_solve
+        # checked (shape, dtype) on every rank, collectively with the Jacobian at u0 (a deferred check)
+        r0, r0_error = prob.residual_local(u0.detach())
         u, info = snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix, r0=r0,
-                             settings=settings, **kw)
+                             r0_error=r0_error, settings=settings, **kw)
     else:
         from .torch_newton import newton
-        u, info = newton(prob, u0, r0=r0, **kw)
+        u, info = newton(prob, u0, r0=prob.residual(u0.detach()), **kw)  # checked collectively
     info.function_evaluations, info.jacobian_evaluations = prob.nfev, prob.njev
     if info.setup_time == 0.0:
         info.solve_time = time.perf_counter() - t0

@@ -76,7 +76,7 @@ def _jfnk_solve(prob, u, r, kw):
         if vn == 0.0:
             return torch.zeros_like(v)
         h = math.sqrt(eps) * (1.0 + unorm) / vn
-        return (prob.residual(u + h * v, check=False) - r) / h
+        return (prob.residual(u + h * v) - r) / h
 
     n_global = int(allreduce_sum(comm, torch.tensor([prob.n_local], dtype=torch.float64))[0])
     maxiter = kw.get("maxiter")
@@ -132,7 +132,7 @@ def newton(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, u
             p0 = None
         for _ in range(MAX_LS if line_search == "bt" else 1):
             un = u + lam * d
-            rn = prob.residual(un, check=False)
+            rn = prob.residual(un)
             fnn = global_norm(comm, rn)
             if line_search != "bt":
                 ok = True
