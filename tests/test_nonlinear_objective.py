@@ -77,3 +77,32 @@ def test_bad_objective_raises_on_every_rank(comm, backend, case):
     with pytest.raises(error, match=match):
         slasolve.nonlinear_solve(P.residual, sp.zeros(), mu, jacobian=P.jacobian, objective=objective,
                                  linear_solver=dict(method="cg"), backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["petsc", "torch"])
+@pytest.mark.parametrize("case", ["energy", "energy with rounding noise", "not a merit function"])
+def test_objective_line_search_stalling_continues_on_the_residual(comm, backend, case):
+    """At rtol 1e-12 the energy's decrease along the last Newton steps (~||F|| ||du||, 1e-24 here)
+    is far below the rounding of its value: PETSc's backtracking on it rejected every step
+    (DIVERGED_LINE_SEARCH at ||F|| ~ 1e-12 ||F(u0)||). nonlinear_solve then continues from that
+    iterate with the line search on ||F|| toward the same tolerance, and converges to the
+    answer of the run without an objective -- also for a noisy or wrong objective."""
+    if backend == "petsc":
+        pytest.importorskip("petsc4py")
+    import math
+    sp, P, mu = _solid(comm, max(8, comm.size))
+
+    def noisy(u, m):   # +-2 ulp of deterministic noise, the same value on every rank
+        e = P.energy(u, m)
+        return e * (1 + 4e-16 * math.sin(1e9 * float(slasolve.global_sum(u.sum(), comm))))
+
+    objective = {"energy": P.energy, "energy with rounding noise": noisy,
+                 "not a merit function": lambda u, m: -P.energy(u, m)}[case]
+    kw = dict(jacobian=P.jacobian, rtol=1e-12, linear_solver=dict(method="cg", rtol=1e-12), backend=backend,
+              return_info=True)
+    u_ref, ref = slasolve.nonlinear_solve(P.residual, sp.zeros(), mu, **kw)
+    u, info = slasolve.nonlinear_solve(P.residual, sp.zeros(), mu, objective=objective, **kw)
+    assert ref.converged and info.converged, info.summary()
+    assert info.residual_norm <= 1e-12 * info.residual_history[0]
+    assert len(info.residual_history) == info.iterations + 1
+    assert _close(u, u_ref, 1e-9, comm)

@@ -37,6 +37,13 @@ class Problem:
         self.nobj = 0
         self._pattern = None  # (layout, indptr, indices) of the first Jacobian
 
+    def without_objective(self) -> "Problem":
+        """Local. The same residual, Jacobian and parameters without an objective; its call
+        counters continue from this one's."""
+        plain = Problem(self._residual, self._jacobian, self.params, self.comm, self.n_local, self.dtype)
+        plain.nfev, plain.njev = self.nfev, self.njev
+        return plain
+
     def _call(self, fn, u: torch.Tensor):
         """Local. ``(fn(u, *params), None)`` without autograd, or ``(None, exception)``: the
         caller combines it across ranks (user code raising on one rank ends it everywhere)."""

@@ -8,6 +8,7 @@ Newton iterations are never differentiated.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from numbers import Integral, Real
 from typing import Callable, Optional, Tuple, Union
@@ -16,7 +17,7 @@ import torch
 
 from .. import _log
 from .._comm import allreduce_sum, check_collective, get_comm, options_key, user_code
-from ..settings import SettingsSchema
+from ..settings import Settings, SettingsSchema
 from ..autograd import AdjointFunction
 from ..registry import KRYLOV_METHODS, default_backend
 from .info import NonlinearConvergenceError, NonlinearInfo
@@ -220,6 +221,51 @@ def _adjoint_solve(ctl, u, g):
 
 @_log.logged("slaNonlinear", "slaNonlinear")
 @dtensor_entry("nonlinear_solve")
+def _newton(prob, u0, backend, settings, petsc_options, options_prefix, kw):
+    """Collective. One Newton run of ``prob`` from ``u0`` on ``backend``: ``(u, NonlinearInfo)``."""
+    if backend == "petsc":
+        from .petsc_snes import snes_solve
+        # checked (shape, dtype) on every rank, collectively with the Jacobian at u0 (a deferred check)
+        r0, r0_error = prob.residual_local(u0.detach())
+        return snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix, r0=r0,
+                          r0_error=r0_error, settings=settings, **kw)
+    from .torch_newton import newton
+    return newton(prob, u0, r0=prob.residual(u0.detach()), **kw)  # checked collectively
+
+
+def _without_objective(prob, u, info, backend, settings, petsc_options, options_prefix, kw):
+    """Collective. Continue a run whose line search on the objective failed from its last iterate
+    ``u`` with the line search on ``||F||`` and what is left of the budget, toward the first
+    run's tolerance ``max(rtol ||F(u0)||, atol)``: ``(u, info)`` of both runs together.
+
+    Near a solution the objective's decrease along a Newton step (about ``||F|| ||du||``) falls
+    below the rounding of its value (a few ulp of a sum over every cell), so a backtracking test
+    on it rejects every step of a run that ``||F||`` shows converging (PETSc's ``bt`` on a
+    neo-Hookean energy at ``||F|| ~ 1e-12``); the residual norm stays informative there."""
+    left = kw["maxiter"] - info.iterations
+    if left <= 0:
+        return u, info
+    target = max(kw["rtol"] * info.residual_history[0], kw["atol"])
+    plain = prob.without_objective()
+    values = dict(settings.values, rtol=repr(0.0), atol=repr(target), maxiter=repr(left))
+    values["objective given"] = False
+    more_kw = dict(kw, rtol=0.0, atol=target, maxiter=left)
+    u2, more = _newton(plain, u.detach(), backend, Settings(values, settings.keyed), petsc_options,
+                       options_prefix, more_kw)
+    prob.nfev, prob.njev = plain.nfev, plain.njev
+    reason = more.reason
+    if reason == "CONVERGED_FNORM_ABS" and not kw["atol"] >= more.residual_norm:
+        reason = "CONVERGED_FNORM_RELATIVE"   # the first run's relative test is what was met
+    merged = dataclasses.replace(
+        more, reason=reason, iterations=info.iterations + more.iterations,
+        residual_history=list(info.residual_history) + list(more.residual_history[1:]),
+        linear_iterations=info.linear_iterations + more.linear_iterations,
+        linear_iterations_per_step=list(info.linear_iterations_per_step) + list(more.linear_iterations_per_step),
+        line_search=f"{info.line_search} on the objective, then on ||F||", rtol=info.rtol, atol=info.atol,
+        setup_time=info.setup_time + more.setup_time, solve_time=info.solve_time + more.solve_time)
+    return u2, merged
+
+
 def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Optional[Callable] = None,
                     method: str = "newton", backend: Optional[str] = None, rtol: float = 1e-8,
                     atol: float = 0.0, stol: Optional[float] = None, maxiter: int = 50,
@@ -282,7 +328,11 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
         energy is taken even where it raises ``||F||`` (on a neo-Hookean solid, ``||F||``
         backtracking took 6-17 Newton steps where the energy took 4-5). Collective: every rank
         returns the global value (e.g. through :func:`slasolve.global_sum`); ``inf`` / NaN makes
-        the line search backtrack. Convergence is still decided by ``||F||``.
+        the line search backtrack. Convergence is still decided by ``||F||``. Near a
+        solution the energy's decrease along a Newton step falls below the rounding of its
+        value; when the line search on it fails (``DIVERGED_LINE_SEARCH``), the solve continues
+        from that iterate with the line search on ``||F||`` toward the same tolerance, within
+        the remaining ``maxiter`` (``info.line_search`` then says so).
     return_info, raise_on_fail
         Non-convergence raises :class:`NonlinearConvergenceError` (a
         :class:`slasolve.ConvergenceError`) on every rank unless ``raise_on_fail=False``;
@@ -363,15 +413,9 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     kw = dict(rtol=rtol, atol=atol, stol=stol, maxiter=int(maxiter), line_search=line_search,
               linear_solver=linear_solver, use_jacobian=jacobian is not None, callback=callback,
               progress=progress)
-    if backend == "petsc":
-        from .petsc_snes import snes_solve
-        # checked (shape, dtype) on every rank, collectively with the Jacobian at u0 (a deferred check)
-        r0, r0_error = prob.residual_local(u0.detach())
-        u, info = snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix, r0=r0,
-                             r0_error=r0_error, settings=settings, **kw)
-    else:
-        from .torch_newton import newton
-        u, info = newton(prob, u0, r0=prob.residual(u0.detach()), **kw)  # checked collectively
+    u, info = _newton(prob, u0, backend, settings, petsc_options, options_prefix, kw)
+    if info.reason == "DIVERGED_LINE_SEARCH" and objective is not None:
+        u, info = _without_objective(prob, u, info, backend, settings, petsc_options, options_prefix, kw)
     info.function_evaluations, info.jacobian_evaluations = prob.nfev, prob.njev
     if info.setup_time == 0.0:
         info.solve_time = time.perf_counter() - t0
