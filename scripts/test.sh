@@ -1,3 +1,4 @@
+#!/usr/bin/env bash
 # The whole test suite: serial, the eigen and SciPy-suite tests again under other BLAS kernels
 # (SLASOLVE_SKIP_KERNELS=1 skips it), then under mpirun -n 2 (tests marked mpi), -n 3 (the property
 # tests) and -n 4 (tests marked mpi but not property or two_ranks: docs/testing.md says which and
@@ -121,7 +122,7 @@ run_mpi() {
   # slice, unless given (SLASOLVE_SCALE_EXAMPLES, default 4; the full set keeps its own)
   if [ "${4:-}" = "scale" ] && [ -z "$examples" ] && [ "$full" = "0" ]; then examples=${SLASOLVE_SCALE_EXAMPLES:-4}; fi
   # every rank imports and collects what it is given (the whole suite: ~7 CPU s a rank, cached
-  # bytecode; the property files: ~2.5), so a step that runs a few files names them
+  # bytecode; the property files alone: ~4.5), so a step that runs a few files names them
   local paths=()
   [ "$user_paths" = 1 ] || paths=("${@:5}")
   SLASOLVE_PROPERTY_EXAMPLES=$examples OMP_NUM_THREADS=$threads timeout "$run_timeout" mpirun -n "$1" --oversubscribe --bind-to none \
