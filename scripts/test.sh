@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # The whole test suite: serial, the eigen and SciPy-suite tests again under other BLAS kernels
-# (SLASOLVE_SKIP_KERNELS=1 skips it), then under mpirun -n 2 and -n 4 (tests marked mpi) and
-# mpirun -n 3 (the property tests, so they run at 1, 2, 3 and 4 ranks), then the property
-# tests at 8 ranks oversubscribed (SLASOLVE_SKIP_SCALE=1 skips it; SLASOLVE_SCALE_RANKS="16 32"
-# adds more rank counts), each under a timeout.
+# (SLASOLVE_SKIP_KERNELS=1 skips it), then under mpirun -n 2 (tests marked mpi), -n 3 (the property
+# tests) and -n 4 (tests marked mpi but not property or two_ranks: docs/testing.md says which and
+# why), so the property tests run at 1, 2, 3 and 8 ranks and the other MPI tests at 1, 2 and 4;
+# then the property tests and the tests marked scale at 8 ranks oversubscribed
+# (SLASOLVE_SKIP_SCALE=1 skips it; SLASOLVE_SCALE_RANKS="16 32" adds more rank counts), each
+# under a timeout.
 # The HTML docs with warnings as errors (SLASOLVE_SKIP_DOCS=1 skips them) and the pip-only
 # install check, scripts/test_pip_only.sh (SLASOLVE_SKIP_PIP_ONLY=1 skips it), run in the
 # background during the serial runs (one process each, so the second core is free); their
 # output is printed when they end. Every step prints its time.
+# Python's bytecode (and pytest's rewritten test modules) are cached in .pycache/ of the checkout
+# even where the environment sets PYTHONDONTWRITEBYTECODE (SLASOLVE_PYCACHE=0: as the environment says).
 # Usage: bash scripts/test.sh [--property-full] [extra pytest args]
 #   --property-full (or SLASOLVE_PROPERTY_FULL=1): the full property set, many hypothesis
 #   examples per property with shrinking, instead of the CI slice (docs/testing.md);
@@ -21,6 +25,14 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 # more ranks than cores: let idle ranks yield instead of spinning in MPI waits
 export OMPI_MCA_mpi_yield_when_idle=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MPLBACKEND=Agg PYTHONUNBUFFERED=1
+# Without a bytecode cache (PYTHONDONTWRITEBYTECODE=1 in some CI images) every pytest process, one
+# per rank and step, compiles slasolve and rewrites every test module's asserts again: collecting
+# the suite took 13.7 CPU s instead of 7.1. The cache lives in the checkout (git-ignored), so
+# nothing is written beside the sources or into the venv.
+if [ "${SLASOLVE_PYCACHE:-1}" != "0" ]; then
+  unset PYTHONDONTWRITEBYTECODE
+  export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-$here/.pycache}
+fi
 args=()
 full=${SLASOLVE_PROPERTY_FULL:-0}
 for a in "$@"; do
@@ -32,6 +44,9 @@ if [ "$full" != "0" ]; then
   run_timeout=${SLASOLVE_TEST_TIMEOUT:-7200}
   args+=("-o" "timeout=$run_timeout")   # pytest-timeout's per-test limit (pyproject: 300 s)
 fi
+# test paths given on the command line replace the steps' own (the property files, ...)
+user_paths=0
+for a in ${args[@]+"${args[@]}"}; do [ -e "${a%%::*}" ] && user_paths=1; done
 status=0
 # the slowest tests of every run, for the next look at the suite's time (SLASOLVE_DURATIONS=0: none)
 durations="--durations=${SLASOLVE_DURATIONS:-12} --durations-min=1"
@@ -69,7 +84,13 @@ bg_pid=$!
 t_all=$SECONDS
 echo "== serial (1 process, MPI tests at size 1)"
 t0=$SECONDS
-timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider $durations ${args[@]+"${args[@]}"} || status=1
+serial_only=()
+# the 8-rank Poisson check launches its own 8-rank job; the scale step runs it in its ranks instead
+if [ "${SLASOLVE_SKIP_SCALE:-0}" = "0" ]; then
+  serial_only=(--deselect tests/test_scale.py::test_poisson_solve_8_ranks_matches_1_rank)
+fi
+timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider $durations \
+  ${serial_only[@]+"${serial_only[@]}"} ${args[@]+"${args[@]}"} || status=1
 took serial "$t0"
 # the eigensolver and SciPy-suite tests again under other BLAS/LAPACK kernels and thread counts
 # than the machine's own, so a result that holds only on this CPU's kernels fails here, not on the
@@ -88,7 +109,8 @@ if [ "${SLASOLVE_SKIP_KERNELS:-0}" = "0" ]; then
     tests/test_linalg_scipy.py tests/test_eigsh_refine.py tests/test_scipy_defaults.py ${args[@]+"${args[@]}"} || status=1
   took kernels "$t0"
 fi
-# run_mpi N MARKS WHAT [scale]: the marked tests on N ranks under the timeout; a failure dumps the other ranks' logs
+# run_mpi N MARKS WHAT [scale] [PATHS...]: the marked tests (of PATHS, default the testpaths) on N
+# ranks under the timeout; a failure dumps the other ranks' logs
 run_mpi() {
   local t0=$SECONDS threads=$OMP_NUM_THREADS per_rank=$(( $(nproc) / $1 )) examples=${SLASOLVE_PROPERTY_EXAMPLES:-}
   # threads beyond the cores spin against the other ranks: at most cores/ranks per rank (>= 1)
@@ -99,14 +121,22 @@ run_mpi() {
   # past the cores (scale evidence: answers and no hangs) fewer examples per property than the CI
   # slice, unless given (SLASOLVE_SCALE_EXAMPLES, default 4; the full set keeps its own)
   if [ "${4:-}" = "scale" ] && [ -z "$examples" ] && [ "$full" = "0" ]; then examples=${SLASOLVE_SCALE_EXAMPLES:-4}; fi
+  # every rank imports and collects what it is given (the whole suite: ~7 CPU s a rank, cached
+  # bytecode; the property files alone: ~4.5), so a step that runs a few files names them
+  local paths=()
+  [ "$user_paths" = 1 ] || paths=("${@:5}")
   SLASOLVE_PROPERTY_EXAMPLES=$examples OMP_NUM_THREADS=$threads timeout "$run_timeout" mpirun -n "$1" --oversubscribe --bind-to none \
-    "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m "$2" -p no:cacheprovider $durations ${args[@]+"${args[@]}"} || {
+    "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m "$2" -p no:cacheprovider $durations \
+    ${paths[@]+"${paths[@]}"} ${args[@]+"${args[@]}"} || {
       status=1; echo "mpirun -n $1 failed; other ranks' logs:"; tail -n 30 .pytest-mpi/*.log 2>/dev/null; }
   took "mpirun -n $1" "$t0"
 }
-for n in 2 3 4; do
-  if [ "$n" = 3 ]; then run_mpi "$n" "mpi and property" "property tests"; else run_mpi "$n" "mpi" "MPI tests"; fi
-done
+# 4 ranks on 2 cores cost ~2.5x the 2-rank run of the same tests: the property tests run at 3 and 8
+# ranks instead, and the tests marked two_ranks (no rank-count dependent logic beyond 2 ranks,
+# docs/testing.md) at 1 and 2 only
+run_mpi 2 "mpi" "MPI tests"
+run_mpi 3 "mpi and property" "property tests" "" tests/test_property_*.py
+run_mpi 4 "mpi and not property and not two_ranks" "MPI tests but the property and two_ranks ones"
 # scale evidence past the machine's cores: the property tests (differential against SciPy/LAPACK:
 # the same answers as one rank; SPMD hangs) oversubscribed at 8 ranks by default (SLASOLVE_SKIP_SCALE=1
 # skips it) and at the rank counts in SLASOLVE_SCALE_RANKS (opt-in, e.g. "16 32"; docs/testing.md)
@@ -116,7 +146,8 @@ seen=" "
 for n in $scale_ranks; do
   case "$seen" in *" $n "*) continue;; esac   # "8" given twice runs once
   seen="$seen$n "
-  run_mpi "$n" "mpi and property" "property tests, oversubscribed, ${SLASOLVE_SCALE_EXAMPLES:-4} examples each; SLASOLVE_SKIP_SCALE / SLASOLVE_SCALE_RANKS" scale
+  run_mpi "$n" "mpi and (property or scale)" "property and scale tests, oversubscribed, ${SLASOLVE_SCALE_EXAMPLES:-4} examples each; SLASOLVE_SKIP_SCALE / SLASOLVE_SCALE_RANKS" \
+    scale tests/test_property_*.py tests/test_scale.py
 done
 wait "$bg_pid"
 cat "$bg_log/out"
