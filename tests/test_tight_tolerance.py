@@ -125,8 +125,8 @@ def test_top88_300x100_holes_gamg_stays_definite(reuse_pc):
 @pytest.mark.mpi
 def test_top88_graded_accepted_at_the_floor_where_cg_stops():
     """Graded 120x40: ||A|| ||x|| ~ 3e8 ||b||, floor 2.4e-7 ||b||. CG's own test passes with a true
-    residual near SciPy spsolve's (1.3e-8 ||b||): accepted there, after as many iterations as the
-    raw KSP configured alike, and the compliance is as close to the direct one as the two
+    residual near SciPy spsolve's (1.3e-8 ||b||): accepted there, after about as many iterations as
+    the raw KSP configured alike, and the compliance is as close to the direct one as the two
     residuals allow: |f.(u - u_ref)| = |u_ref.(r - r_ref)| <= ||u_ref|| (||r|| + ||r_ref||)."""
     nelx, nely = 120, 40
     system, mesh = simp_mbb_system(COMM, nelx, nely)
@@ -141,7 +141,9 @@ def test_top88_graded_accepted_at_the_floor_where_cg_stops():
     entries = {"pc_gamg_reuse_interpolation": "true", "pc_gamg_use_sa_esteig": "false",
                "pc_gamg_esteig_ksp_type": "cg", "mg_levels_esteig_ksp_type": "cg"}
     reason, its = raw_ksp(K, f, entries, 1e-12)
-    assert reason > 0 and info.iterations == its
+    # not equal: at 4 ranks the two KSPs took 110 and 113 iterations (GAMG set up apart); the
+    # sqrt(eps) cap took 188 against the raw KSP's 116
+    assert reason > 0 and info.iterations <= 1.25 * its
 
 
 @pytest.mark.mpi
