@@ -149,8 +149,8 @@ def test_top88_graded_accepted_at_the_floor_where_cg_stops():
 @pytest.mark.mpi
 def test_petsc_options_reach_gamg_level_smoothers():
     """``petsc_options`` for GAMG's level smoothers (``mg_levels_*``: read when GAMG builds its
-    levels, at set-up) take effect: the iterations of a raw petsc4py KSP with the same options,
-    not those of one without them."""
+    levels, at set-up) take effect: the iterations of a raw petsc4py KSP with the same options
+    (SOR smoothers), not those of one without them (Chebyshev)."""
     system, mesh = simp_mbb_system(COMM, 120, 40)
     K, f = system(design(mesh))
     smoother = {"mg_levels_ksp_type": "richardson", "mg_levels_pc_type": "sor"}
@@ -161,4 +161,6 @@ def test_petsc_options_reach_gamg_level_smoothers():
     reason, its = raw_ksp(K, f, {**base, **smoother}, 1e-8)
     _, its_default = raw_ksp(K, f, base, 1e-8)
     assert reason > 0 and info.converged
-    assert info.iterations == its != its_default
+    # 44 / 44 / 54 iterations at 1 rank, 45 / 45 / 55 at 4; GAMG's parallel set-up is not
+    # repeatable to the iteration (test above), so: nearer the KSP with the options
+    assert abs(info.iterations - its) < abs(info.iterations - its_default)
