@@ -117,6 +117,10 @@ _BACKWARD_FLOOR = 4 * 2.220446049250313e-16
 # legitimate floors reach (top88 120x40 graded: ||A|| ||x|| 3e8 ||b||, SciPy's spsolve leaves
 # 1.3e-8 ||b||), it cost 74 extra CG iterations there and, without the block size, 29000.
 _FLOOR_CAP = 1e-5
+# x ||b||: the floor serves tolerances under sqrt(eps) only (as when the cap was sqrt(eps)):
+# ||A||_inf ||x|| overstates the attainable residual of a badly scaled A (MINRES + Jacobi on a
+# Poisson matrix scaled by 10^+-3 reaches 1e-7 ||b||, its floor is 2.5e-7 ||b||)
+_FLOOR_BELOW = 2.220446049250313e-16 ** 0.5
 _NEEDS_DIAGONAL = tuple(p.petsc_type for p in PRECONDITIONERS.values() if p.needs_diagonal)
 # preconditioners that read the operator's near-nullspace (hypre's BoomerAMG does not; ML, reached
 # through petsc_options only, does)
@@ -771,8 +775,9 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm,
     continue from ``x`` with a tighter absolute tolerance on PETSc's norm, within the
     remaining ``max_it``; if that does not get there, report ``DIVERGED_ITS``.
     A tolerance below the normwise backward-error floor ``4 eps (||A||_inf ||x|| + ||b||)``
-    is met at that floor when the true residual is also at most ``1e-5 ||b||`` (``_FLOOR_CAP``, the
-    default rtol; SciPy's CG reports success there too; :attr:`SolveInfo.floor`).
+    and under ``sqrt(eps) ||b||`` is met at that floor when the true residual is also at most
+    ``1e-5 ||b||`` (``_FLOOR_CAP``, the default rtol; SciPy's CG reports success there too;
+    :attr:`SolveInfo.floor`).
     ``work``: two Vecs of ``B``'s layout to use for ``A x`` and the residual (else made here).
     Returns ``(reason, iterations, true residual norm, floor accepted at or None)``."""
     A = ksp.getOperators()[0]
@@ -795,7 +800,7 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm,
             # the tolerance is below what float64 attains: met at the floor, if that floor is small
             # in the usual sense too (a singular, inconsistent system has a tiny backward error
             # for a huge x: never "converged" there)
-            if tol < backward and true <= min(backward, _FLOOR_CAP * bnorm):
+            if tol < min(backward, _FLOOR_BELOW * bnorm) and true <= min(backward, _FLOOR_CAP * bnorm):
                 accepted = backward
                 break
             if rounds == _VERIFY_ROUNDS or its >= max_it or ksp.getNormType() == PETSc.KSP.NormType.NONE:
