@@ -657,6 +657,70 @@ after (load ~10 and ~1-4): not conclusive either way; the eigsh rows above are f
 0.5.2's XDMF reader 8.08 s / 8.17 s (0.66x, 0.96x). Profile: PT-Scotch 2.9-3.1 s of slasolve's 4.7-5.8 s
 (dual graph 0.9-1.5 s, redistribution 0.7-1.2 s, HDF5 reads 0.02-0.06 s); DOLFINx's own timers give its
 PT-Scotch call 2.8 s of 5.8 s. The 5M-cell P = 4, 8 rows above were not rerun.
+
+### NeoHookean kernels without autograd (issue 19; measured by hand on 2026-11-27, sixth session)
+
+`NeoHookean.residual`, `jacobian` and `energy` on triangles and tetrahedra evaluate in NumPy when grad mode is
+off (Newton's callbacks, the line search, the adjoint's tangent), as `NonlinearDiffusion` does; equal to the
+torch path to 1e-16-2e-16 relative (energy 1e-15; tests/test_fem_hyperelastic_kernels.py at 1-3 ranks). The
+NumPy energy is summed in about twice the working precision and combined across ranks exactly, so nearby
+energies round alike. CPU time per call (`thread_time`, median of 15, one process, load 9-16), torch -> NumPy:
+
+| problem | residual | tangent | energy |
+|---|---|---|---|
+| 2-D, 8,192 cells | 3.23 -> 1.62 ms | 10.4 -> 3.28 ms | 1.88 -> 1.65 ms |
+| 3-D, 7,986 cells | 5.32 -> 3.08 ms | 25.7 -> 8.42 ms | 2.75 -> 1.96 ms |
+| 3-D, 511k cells | 389 -> 232 ms | 2068 -> 916 ms | 155 -> 130 ms |
+
+The backward of a neo-Hookean solve (2-D / 3-D 8k): 125 / 156 ms, of which the transposed CG + GAMG solve
+~85 / ~80 ms, the tangent at the solution (NumPy) 17 / 46 ms and the residual with a graph for dR/dtheta plus
+its autograd.grad 24 / 30 ms. Found on the way: at rtol 1e-12 PETSc's backtracking on the energy stalled
+(DIVERGED_LINE_SEARCH at `||F|| ~ 1e-12 ||F(u0)||`, the energy's decrease below its rounding); `nonlinear_solve`
+now continues from that iterate with the line search on `||F||` (tests/test_nonlinear_objective.py).
+
+### nonlinear_solve fixed cost (issue 19; measured by hand on 2026-11-27, sixth session)
+
+Instructions per call at 1 rank (valgrind callgrind around `bench/fixed_cost.py`'s timed loop, 20 calls, 81
+unknowns, 4 Newton steps, GMRES + GAMG; load-independent): slasolve 7.84M -> 7.62M (the residual check at
+`u0` folded into the Jacobian's collective check, "is SNES at `u0`" decided from the Vec's state instead of
+two Allreduces); DOLFINx `NewtonSolver.solve` 6.70M; raw petsc4py SNES calling the same `P.residual` /
+`P.jacobian` 6.94M; those callbacks alone (5 residuals, 4 Jacobians) 3.11M. MPI reductions per call at 2
+ranks (PMPI counter `bench/mpi_counts.c`): 131 -> 128, 13 of the 23 left in Python in the FEM callbacks'
+validation. Instructions are 1.14x DOLFINx's, CPU time ~2.5x (Python and NumPy run fewer instructions per
+cycle than DOLFINx's C++): the remaining gap is the FEM callbacks' per-call validation and the driver's Python
+(~1 ms of CPU under load). A deferred (non-collective) residual check inside SNES's callbacks hung at 2 ranks
+(PETSc 3.18's line search decides on a NaN per rank) and was not kept.
+
+### Transient adjoint with the recompute case (issue 22; `bench/transient.py --compare --control conductivity`, measured on 2026-11-27, sixth session)
+
+The problem of the transient table above with a cellwise conductivity as the control (DOLFIN: a DG0
+Function; both sides `kappa (1 + 0.5 sin(3x) cos(2y))` at the centroids), the source fixed: `K`'s values
+need a gradient, so slasolve's adjoint reads the forward states and with 10 snapshots recomputes them
+(binomial schedule: recompute factor 3.22 for 100 steps, the schedule's optimum). 64 x 64 triangles, 100
+steps, 2 trials, `bench/results/transient_compare_conductivity_100.json` (1 rank at load ~5-12; the 2-rank
+trials of that run at load 12 varied 19-86 s and are not used) and `..._100_n2.json` (2 ranks, quiet machine):
+
+| ranks | contender | time / dolfin-adjoint | peak RSS MiB (extra over warm floor) | dJ.dk vs dolfin-adjoint; vs FD |
+|---|---|---|---|---|
+| 1 | slasolve, 10 snapshots (recompute factor 3.22) | 0.25 | 335 (+5.5) | 1.7e-13; 3.5e-8 (FD's own error) |
+| 1 | slasolve, full storage | 0.11 | 336 (+6.6) | 1.7e-13; 3.5e-8 |
+| 1 | dolfin-adjoint (29.1 s) | 1 | 163 (+24.5) | -; 3.5e-8 |
+| 2 | slasolve, 10 snapshots (recompute factor 3.22) | 0.47 | 323 (+2.1) | 1.6e-13; 3.5e-8 |
+| 2 | slasolve, full storage (adjoint / forward step 0.84-0.88) | 0.22 | 324 (+2.6) | 1.6e-13; 3.5e-8 |
+| 2 | dolfin-adjoint (10.2 s) | 1 | 152 (+16.4) | -; 3.5e-8 |
+
+Time <= 0.5x dolfin-adjoint is met with the recomputation too (0.25x at 1 rank, 0.47x at 2); the recomputed
+steps (222 of them) are what separates the snapshot run from full storage.
+
+### torch threads per rank (found on 2026-11-27, sixth session)
+
+A 4,225-row sparse product (`torch.mv`, CSR) took 15-20 ms with torch's default 2 threads on this 2-core
+machine under load against 0.05-0.1 ms with one (a 100-300x slowdown: every parallel kernel waits for a
+thread that other processes keep off the cores); the torch-backend `eigsh` of PyAMG's `unit_cube` (n = 125)
+took 15 s against 0.34 s. Under `mpirun` every rank starts one thread per core of its affinity unless the
+launcher binds it, so `import slasolve` now gives each rank `max(1, cpus // ranks on its node)` torch threads
+when `OMP_NUM_THREADS` is unset (as `torchrun` sets 1; README "Running under mpirun"). A single process keeps
+torch's default.
 """
 
 
