@@ -219,8 +219,6 @@ def _adjoint_solve(ctl, u, g):
     return lam.detach()
 
 
-@_log.logged("slaNonlinear", "slaNonlinear")
-@dtensor_entry("nonlinear_solve")
 def _newton(prob, u0, backend, settings, petsc_options, options_prefix, kw):
     """Collective. One Newton run of ``prob`` from ``u0`` on ``backend``: ``(u, NonlinearInfo)``."""
     if backend == "petsc":
@@ -266,6 +264,8 @@ def _without_objective(prob, u, info, backend, settings, petsc_options, options_
     return u2, merged
 
 
+@_log.logged("slaNonlinear", "slaNonlinear")
+@dtensor_entry("nonlinear_solve")
 def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Optional[Callable] = None,
                     method: str = "newton", backend: Optional[str] = None, rtol: float = 1e-8,
                     atol: float = 0.0, stol: Optional[float] = None, maxiter: int = 50,
