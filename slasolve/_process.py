@@ -48,7 +48,7 @@ sessions (``python -i``, the REPL).
 
 4. **One torch thread per core, not per core per rank**: with more than one rank and no
    ``OMP_NUM_THREADS`` in the environment, each rank gets ``max(1, cpus // ranks on its
-   node)`` torch threads (:mod:`slasolve._threads`; ``SLASOLVE_TORCH_THREADS=k`` sets ``k``,
+   node)`` torch threads (``slasolve/_threads.py``; ``SLASOLVE_TORCH_THREADS=k`` sets ``k``,
    ``=0`` leaves torch alone). One process is never changed.
 """
 from __future__ import annotations

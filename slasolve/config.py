@@ -7,7 +7,7 @@
 * PETSc / SLEPc: found or not, version, scalar and index types, the configured external
   packages that matter to slasolve (MUMPS, hypre, ML, SuperLU, ...);
 * torch: build (CPU / CUDA version), the devices it sees and its threads (set by
-  ``import slasolve`` under ``mpirun``: :mod:`slasolve._threads`);
+  ``import slasolve`` under ``mpirun``: ``slasolve/_threads.py``);
 * the solver backends, preconditioners and eigensolvers that are available here, the
   partitioners, and the optional packages (pymetis, meshio, matplotlib).
 
