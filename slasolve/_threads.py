@@ -53,9 +53,12 @@ def set_torch_threads() -> None:
         node.Free()
     import torch
     explicit = os.environ.get("SLASOLVE_TORCH_THREADS", "").strip()
+    # a bad value on some ranks only raises on every rank (the others would wait in their next collective)
+    bad_ranks = world.allgather(bool(explicit) and not explicit.isdigit())
+    if any(bad_ranks):
+        raise ValueError(f"SLASOLVE_TORCH_THREADS={explicit!r} on this rank; ranks "
+                         f"{[r for r, b in enumerate(bad_ranks) if b]} have a value that is not a non-negative integer")
     if explicit:
-        if not explicit.isdigit():
-            raise ValueError(f"SLASOLVE_TORCH_THREADS={explicit!r}: expected a non-negative integer")
         if int(explicit) == 0:
             return
         wanted, how = int(explicit), "SLASOLVE_TORCH_THREADS"

@@ -59,3 +59,17 @@ def test_threads_per_rank_under_mpirun(tmp_path):
 def test_one_process_unchanged():
     import slasolve._threads as t
     assert t.torch_threads_note() == ""   # pytest's own process: one rank (or a singleton MPI)
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="needs mpirun")
+def test_bad_value_on_one_rank_raises_on_every_rank():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_", "SLASOLVE_"))}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_mpi_yield_when_idle="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    py = [sys.executable, "-c", "import slasolve"]
+    cmd = ["timeout", "-k", "5", "120", MPIRUN, "--oversubscribe", "--bind-to", "none",
+           "-n", "1", *py, ":", "-n", "1", "env", "SLASOLVE_TORCH_THREADS=two", *py]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=150)
+    assert out.returncode not in (0, 124), out.stdout + out.stderr   # failed, did not hang
+    assert (out.stdout + out.stderr).count("have a value that is not a non-negative integer") == 2, \
+        out.stdout + out.stderr
