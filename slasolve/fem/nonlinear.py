@@ -152,6 +152,12 @@ class NonlinearProblem:
         self.Gv = torch.matmul(dNg, Jinv).permute(0, 2, 1, 3).reshape(E, nv, ng * dim)
         self.G = self.Gv.view(E, nv, ng, dim).permute(0, 2, 1, 3)
 
+    @property
+    def block_size(self) -> int:
+        """Local. Dofs per node (the space's block size), e.g. for :func:`slasolve.nonlinear_solve`'s
+        ``linear_solver=dict(block_size=P.block_size)`` (the PETSc Jacobian Mat's block size)."""
+        return int(self.space.bs)
+
     # ---------------------------------------------------------------- pieces
     def lift(self, u: torch.Tensor) -> torch.Tensor:
         """Local. ``u`` with the constrained dofs replaced by the Dirichlet values."""
