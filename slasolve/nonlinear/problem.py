@@ -37,7 +37,9 @@ def global_norm(comm, r: torch.Tensor) -> float:
 
 class Problem:
     """Collective calls of ``residual(u, *params)`` and ``jacobian(u, *params)`` at detached
-    parameters, without autograd, checked collectively (shape, dtype, pattern)."""
+    parameters, without autograd, checked collectively (shape, dtype, pattern; a
+    :func:`raises_collectively` callable's results with no reduction, their problems being the
+    same on every rank)."""
 
     def __init__(self, residual, jacobian, params, comm, n_local: int, dtype: torch.dtype, objective=None):
         self._residual, self._jacobian, self._objective = residual, jacobian, objective
