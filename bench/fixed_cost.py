@@ -21,6 +21,12 @@ Values do not change between calls (no preconditioner set-up), except where said
 
 Calls alternate; each sample is the mean of ``--inner`` calls, the table shows the median
 over ``--trials`` samples (slowest rank) in microseconds and the ratio.
+
+MPI calls per call (load-independent): with the PMPI counter ``bench/mpi_counts.c`` preloaded
+(``mpicc -O2 -shared -fPIC -o /tmp/libmpicounts.so bench/mpi_counts.c``, then ``mpirun -n 2 -x
+LD_PRELOAD=/tmp/libmpicounts.so python bench/fixed_cost.py``) the reductions, other collectives
+and point-to-point sends of one call (PETSc's included; max over ranks, mean of ``--inner``
+calls) are printed for each contender and kept in the JSON.
 """
 from __future__ import annotations
 
@@ -37,6 +43,7 @@ import torch  # noqa: E402
 import slasolve  # noqa: E402
 from slasolve.fem import Assembler, DirichletBC, NonlinearDiffusion, boundary_dofs, box_mesh  # noqa: E402
 from slasolve.petsc import PETSc  # noqa: E402
+from mpi4py.MPI import MAX as MPI_MAX  # noqa: E402
 
 RTOL = 1e-8
 
@@ -124,6 +131,25 @@ def dolfinx_calls(n: int, comm):
     return {"solve": lp.solve, "nonlinear_solve": nl}
 
 
+def mpi_counts(fn, inner: int):
+    """Collective. ``[reductions, other collectives, sends]`` per call of ``fn`` (max over ranks),
+    or None without the preloaded counter."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL(None)
+        get, reset = lib.mpi_counts_get, lib.mpi_counts_reset
+    except AttributeError:
+        return None
+    fn()
+    COMM.Barrier()
+    reset()
+    for _ in range(inner):
+        fn()
+    out = (ctypes.c_longlong * 4)()
+    get(out)
+    return [COMM.allreduce(int(out[i]), op=MPI_MAX) / inner for i in range(3)]
+
+
 def main(argv=None):
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=8)
@@ -146,10 +172,18 @@ def main(argv=None):
         res = compare(contenders, trials=trials, warmup=2, inner=args.inner)
         t = {k: v["median"] * 1e6 for k, v in res.items()}
         row = {"call": name, "us": t}
+        counts = {k: mpi_counts(c, args.inner) for k, c in contenders.items()}
+        if all(v is not None for v in counts.values()):
+            row["mpi calls per call [reductions, other collectives, sends]"] = counts
         out["rows"].append(row)
         rprint(f"{name:>18} {t['slasolve']:10.0f} {t.get('raw', float('nan')):13.0f} "
                f"{t.get('dolfinx', float('nan')):10.0f} {t['slasolve'] / t.get('raw', np.nan):8.2f} "
                f"{t['slasolve'] / t.get('dolfinx', np.nan):8.2f}")
+    for row in out["rows"]:
+        counts = row.get("mpi calls per call [reductions, other collectives, sends]")
+        if counts:
+            rprint(f"{row['call']:>18} MPI per call [reductions, other collectives, sends]: " +
+                   ", ".join(f"{k} {v}" for k, v in counts.items()))
     write_json(args.json or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                          f"fixed_cost_n{SIZE}.json"), out)
     return 0

@@ -51,9 +51,10 @@ def _default_type(dA) -> str:
     return "baij" if dA.local.is_block else "aij"
 
 
-def create_petsc_mat(dA, mat_type: str):
+def create_petsc_mat(dA, mat_type: str, bsize: Optional[int] = None):
     """Collective. A new PETSc Mat (``"aij"``, or ``"baij"`` for block tensors) holding ``dA``'s
-    current values, with new nonzero locations forbidden (the pattern is fixed)."""
+    current values, with new nonzero locations forbidden (the pattern is fixed). ``bsize``: the
+    block size of an AIJ Mat of a scalar tensor (block tensors: their block's)."""
     L = dA._need_row_shard("to_petsc")
     comm = dA.comm
     m, n = (L.rend - L.rstart) * L.br, (L.cend - L.cstart) * L.bc
@@ -66,7 +67,7 @@ def create_petsc_mat(dA, mat_type: str):
                                      comm=comm)
     elif mat_type == "aij":
         indptr, indices, vals = _local_csr(dA, scalar=True)
-        mat = PETSc.Mat().createAIJ(size=((m, Mg), (n, Ng)), bsize=L.br if L.block else None,
+        mat = PETSc.Mat().createAIJ(size=((m, Mg), (n, Ng)), bsize=L.br if L.block else bsize,
                                     csr=(indptr, indices, vals), comm=comm)
     else:
         raise ValueError(f"mat_type must be 'aij' or 'baij' (block tensors), got {mat_type!r}")

@@ -42,7 +42,7 @@ from ..dsparse import DSparseTensor
 from . import elements as _el
 from .assembly import Assembler
 from .bc import DirichletBC
-from .nonlinear import NonlinearProblem
+from .nonlinear import NonlinearProblem, checked_collectively
 
 __all__ = ["NeoHookean", "neo_hookean_stress", "neo_hookean_tangent", "neo_hookean_energy"]
 
@@ -334,6 +334,7 @@ class NeoHookean(NonlinearProblem):
         ``numpy``: as NumPy arrays)."""
         return self._inputs(u, ("mu", mu, self.mu), ("lmbda", lmbda, self.lmbda), numpy=numpy)
 
+    @checked_collectively
     def residual(self, u: torch.Tensor, mu: Union[None, float, torch.Tensor] = None,
                  lmbda: Union[None, float, torch.Tensor] = None) -> torch.Tensor:
         """Collective. Owned rows of internal minus external forces (Dirichlet rows ``u - g``)."""
@@ -349,6 +350,7 @@ class NeoHookean(NonlinearProblem):
         re = torch.bmm(self.Gv, P.transpose(-1, -2).reshape(E, ng * d, d))
         return self._finish_residual(u, re.reshape(E, -1))
 
+    @checked_collectively
     def jacobian(self, u: torch.Tensor, mu: Union[None, float, torch.Tensor] = None,
                  lmbda: Union[None, float, torch.Tensor] = None) -> DSparseTensor:
         """Collective. Consistent (symmetric) tangent with Dirichlet rows/columns eliminated."""

@@ -57,6 +57,15 @@ from .facets import BoundaryFacets, boundary_facets, neumann_load
 __all__ = ["NonlinearProblem", "NonlinearDiffusion"]
 
 
+def checked_collectively(method):
+    """Mark a problem's ``residual`` / ``jacobian``: it checks its inputs collectively, raises on
+    every rank alike and returns this rank's owned rows of one type and dtype on every rank
+    (``raises_collectively``), so :func:`slasolve.nonlinear_solve` checks its results with no
+    reduction of its own."""
+    method.raises_collectively = True
+    return method
+
+
 def _sum_into(index: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
     """Local. ``zeros(n).index_add(0, index, weights)`` in NumPy (float64; ``bincount`` adds in
     sequence, as ``index_add``; on empty input it would return int64)."""
@@ -151,6 +160,12 @@ class NonlinearProblem:
         # self.G is the (E, ng, nv, dim) view of the same memory
         self.Gv = torch.matmul(dNg, Jinv).permute(0, 2, 1, 3).reshape(E, nv, ng * dim)
         self.G = self.Gv.view(E, nv, ng, dim).permute(0, 2, 1, 3)
+
+    @property
+    def block_size(self) -> int:
+        """Local. Dofs per node (the space's block size), e.g. for :func:`slasolve.nonlinear_solve`'s
+        ``linear_solver=dict(block_size=P.block_size)`` (the PETSc Jacobian Mat's block size)."""
+        return int(self.space.bs)
 
     # ---------------------------------------------------------------- pieces
     def lift(self, u: torch.Tensor) -> torch.Tensor:
@@ -608,6 +623,7 @@ class NonlinearDiffusion(NonlinearProblem):
         t, s, Lu = cls._simplex_terms(ue, L, M)
         return L * (k * s)[:, None, None] + (Lu * (2 * k)[:, None])[:, :, None] * t[:, None, :]
 
+    @checked_collectively
     def residual(self, u: torch.Tensor, kappa: Union[None, float, torch.Tensor] = None) -> torch.Tensor:
         """Collective. Owned rows of ``R(u) = ∫ κ(1+u²)∇u·∇v - ∫ f v - ∫_Γ g v`` (Dirichlet rows ``u - g``)."""
         if self.simplex and self._fast(u):
@@ -628,6 +644,7 @@ class NonlinearDiffusion(NonlinearProblem):
             re = torch.bmm(self.Gv, (c[..., None] * gq).reshape(E, -1, 1)).reshape(E, -1)
         return self._finish_residual(u, re)
 
+    @checked_collectively
     def jacobian(self, u: torch.Tensor, kappa: Union[None, float, torch.Tensor] = None) -> DSparseTensor:
         """Collective. Consistent tangent ``dR/du`` (not symmetric) with Dirichlet rows/columns eliminated."""
         if self.simplex and self._fast(u, graph=False):

@@ -232,19 +232,22 @@ class _Solver:
                  options_prefix, extra, use_objective=False):
         from ..petsc import create_petsc_mat
         self.calls = _Dispatch()
-        X = self.X = PETSc.Vec().createMPI((n_local, PETSc.DECIDE), comm=comm)
+        # dofs per node (checked to divide every rank's rows): GAMG aggregates nodes of the Mat's
+        # block size, and the Vecs get it too (as DOLFINx makes them on a vector space)
+        bs = int(ls.get("block_size", 1)) if J0 is not None else 1
+        X = self.X = PETSc.Vec().createMPI((n_local, PETSc.DECIDE), bsize=bs, comm=comm)
         n_global = X.getSize()
         F = self.F = X.duplicate()
         snes = self.snes = PETSc.SNES().create(comm=comm)
-        # the Mat's pattern is the Jacobian's at u0 (its values are written at every Jacobian call)
-        self.Jmat = None if J0 is None else create_petsc_mat(J0.to(torch.float64), "aij")
         self.csr = None
-        # the near-nullspace lives on this SNES's own Jacobian Mat; values changed on any rank
-        # make a new SNES (GAMG keeps the near-nullspace data of its first set-up)
-        self.near_nullspace = None
         if J0 is not None and J0.values.device.type == "cpu":
             loc = J0.local
             self.csr = (loc.indptr.numpy().astype(PETSc.IntType), loc.indices.numpy().astype(PETSc.IntType))
+        # the Mat's pattern is the Jacobian's at u0 (its values are written at every Jacobian call)
+        self.Jmat = None if J0 is None else create_petsc_mat(J0.to(torch.float64), "aij", bsize=bs if bs > 1 else None)
+        # the near-nullspace lives on this SNES's own Jacobian Mat; values changed on any rank
+        # make a new SNES (GAMG keeps the near-nullspace data of its first set-up)
+        self.near_nullspace = None
         try:
             if options_prefix:
                 snes.setOptionsPrefix(options_prefix)

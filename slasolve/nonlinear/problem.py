@@ -15,7 +15,18 @@ from mpi4py import MPI
 
 from .._comm import allreduce_int, allreduce_sum, check_collective, raise_collected
 
-__all__ = ["Problem", "global_norm"]
+__all__ = ["Problem", "global_norm", "raises_collectively"]
+
+_NOT_GIVEN = object()
+
+
+def raises_collectively(fn) -> bool:
+    """Local. Whether ``fn`` declares (an attribute ``raises_collectively = True``, as the
+    residual and Jacobian methods of :mod:`slasolve.fem`'s problems do) that it checks its
+    inputs collectively, raises on every rank alike, and returns results whose type, shape and
+    dtype are the same function of its inputs on every rank: then a problem with its result is
+    the same on every rank, and checking it needs no reduction."""
+    return getattr(fn, "raises_collectively", False) is True
 
 
 def global_norm(comm, r: torch.Tensor) -> float:
@@ -26,7 +37,9 @@ def global_norm(comm, r: torch.Tensor) -> float:
 
 class Problem:
     """Collective calls of ``residual(u, *params)`` and ``jacobian(u, *params)`` at detached
-    parameters, without autograd, checked collectively (shape, dtype, pattern)."""
+    parameters, without autograd, checked collectively (shape, dtype, pattern; a
+    :func:`raises_collectively` callable's results with no reduction, their problems being the
+    same on every rank)."""
 
     def __init__(self, residual, jacobian, params, comm, n_local: int, dtype: torch.dtype, objective=None):
         self._residual, self._jacobian, self._objective = residual, jacobian, objective
@@ -36,6 +49,8 @@ class Problem:
         self.njev = 0
         self.nobj = 0
         self._pattern = None  # (layout, indptr, indices) of the first Jacobian
+        # callables whose problems are the same on every rank: checked here without a reduction
+        self._local_checks = (raises_collectively(residual), raises_collectively(jacobian))
 
     def without_objective(self) -> "Problem":
         """Local. The same residual, Jacobian and parameters without an objective; its call
@@ -63,7 +78,11 @@ class Problem:
         else:
             self.nfev += 1
             r, err = self._call(self._residual, u)
-        check_collective(self.comm, err)   # also when not checking: a raise on one rank ends it everywhere
+        if self._local_checks[0]:   # the same problem on every rank (raises_collectively)
+            if err is not None:
+                raise err
+        else:
+            check_collective(self.comm, err)   # also when not checking: a raise on one rank ends it everywhere
         return r.detach()
 
     def residual_local(self, u: torch.Tensor):
@@ -121,11 +140,13 @@ class Problem:
                              "slasolve.global_sum)")
         return hi
 
-    def jacobian(self, u: torch.Tensor, pending: Optional[BaseException] = None):
+    def jacobian(self, u: torch.Tensor, pending=_NOT_GIVEN):
         """Collective. ``jacobian(u, *params)`` (no autograd): a square row-shard
         DSparseTensor whose owned rows match ``u``, with the pattern of the first call.
-        ``pending``: this rank's error from a deferred check (:meth:`residual_local`), raised
-        on every rank by this call's own check, before any problem of the Jacobian."""
+        ``pending``: this rank's error (or None) from a deferred check (:meth:`residual_local`),
+        raised on every rank by this call's own check, before any problem of the Jacobian.
+        Without ``pending``, the Jacobian of a ``raises_collectively`` callable is checked with
+        no reduction."""
         from ..dsparse import DSparseTensor
         self.njev += 1
         J, err = self._call(self._jacobian, u)
@@ -151,7 +172,11 @@ class Problem:
                     and torch.equal(ip, self._pattern[1]) and torch.equal(ix, self._pattern[2])):
                 err = ValueError("jacobian returned a different sparsity pattern than at the first "
                                  "Newton step; keep one pattern (store explicit zeros)")
-        check_collective(self.comm, pending or err)
+        if pending is _NOT_GIVEN and self._local_checks[1]:   # the same problem on every rank
+            if err is not None:
+                raise err
+        else:
+            check_collective(self.comm, (None if pending is _NOT_GIVEN else pending) or err)
         if self._pattern is None:
             self._pattern = (J._layout, J.local.indptr, J.local.indices)
         return J.detach()

@@ -37,7 +37,7 @@ NONLINEAR_SETTINGS = SettingsSchema(
 
 _METHODS = ("newton", "newtonls")
 _LINE_SEARCHES = ("bt", "basic")
-_LINEAR_KEYS = ("method", "pc", "rtol", "atol", "maxiter", "restart", "near_nullspace")
+_LINEAR_KEYS = ("method", "pc", "rtol", "atol", "maxiter", "restart", "near_nullspace", "block_size")
 _LINEAR_METHODS = tuple(KRYLOV_METHODS) + ("direct",)
 
 
@@ -106,6 +106,13 @@ def _check(residual, u0, jacobian, method, backend, rtol, atol, stol, maxiter, l
         err = near_nullspace_error(int(u0.shape[0]), linear_solver["near_nullspace"])
         if err is not None:
             return type(err)(f"linear_solver {err}")
+    if "block_size" in linear_solver:
+        bs = linear_solver["block_size"]
+        if not _is_int(bs) or bs < 1:
+            return ValueError(f"linear_solver block_size must be an int >= 1, got {bs!r}")
+        if int(u0.shape[0]) % int(bs):
+            return ValueError(f"linear_solver block_size {bs} does not divide this rank's {int(u0.shape[0])} "
+                              "owned rows (every rank must own whole blocks)")
     if petsc_options is not None and not isinstance(petsc_options, dict):
         return TypeError(f"petsc_options must be a dict or None, got {type(petsc_options).__name__}")
     if backend == "torch" and (petsc_options or options_prefix):
@@ -181,6 +188,7 @@ class _ImplicitFunction(AdjointFunction):
 def _adjoint_solve(ctl, u, g):
     """Collective. ``lam`` with ``J(u)^T lam = g``."""
     ls = dict(ctl["linear_solver"])
+    ls.pop("block_size", None)   # the SNES's Mat only: slasolve.solve takes no such argument
     # a loose inner tolerance suits Newton steps, not gradients: at most 1e-10 (float32 1e-5)
     tight = 1e-10 if u.dtype == torch.float64 else 1e-5
     ls["rtol"] = min(float(ls.get("rtol", tight)), tight)
@@ -318,7 +326,12 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
         ``atol``, ``maxiter``, ``restart``, ``near_nullspace`` (``(n_local, m)``, as in
         :func:`slasolve.solve`: e.g. :func:`slasolve.fem.rigid_body_modes` for GAMG on
         elasticity; set on the kept SNES's Jacobian, which is rebuilt when the values change on
-        any rank). A failed inner solve stops Newton (``DIVERGED_LINEAR_SOLVE``).
+        any rank), ``block_size`` (default 1: dofs per node, dividing every rank's owned rows; the petsc
+        backend's Jacobian Mat and vectors get it, as DOLFINx gives a vector space's, e.g.
+        ``block_size=P.block_size`` for a :mod:`slasolve.fem` problem; the torch backend ignores
+        it. GAMG with the rigid-body near-nullspace builds nearly the same hierarchy either way
+        and ran 1.0-1.3x slower per solve with it on neo-Hookean solids, hence not the default).
+        A failed inner solve stops Newton (``DIVERGED_LINEAR_SOLVE``).
     line_search : {"bt", "basic"}
         Backtracking (Armijo, quadratic interpolation) or full Newton steps.
     objective : callable ``(u, *params) -> scalar``, optional

@@ -51,6 +51,7 @@ def _linear_solve(prob, J, u, r, ls, rtol_default):
     """Collective. ``d`` with ``J d = -r`` and the SolveInfo (never raises on non-convergence)."""
     from ..krylov.solve import solve
     kw = dict(ls)
+    kw.pop("block_size", None)   # a hint for PETSc's Jacobian Mat (GAMG); the torch solves ignore it
     kw.setdefault("rtol", rtol_default)
     if J is not None:
         method = kw.pop("method", "gmres")
