@@ -353,7 +353,7 @@ class Assembler:
         return self._cell_operator(_el.stiffness(self.cell_coords, 1.0, self.cell).reshape(1, E, nv * nv))
 
     def _cell_operator(self, *parts: torch.Tensor):
-        """Local. The matrix ``R`` (SciPy CSC, ``(nnz + n_remote) * bs * bs`` rows, ``m E`` columns) with
+        """Local. ``(R, R^T)``: the matrix ``R`` (SciPy CSC, ``(nnz + n_remote) * bs * bs`` rows, ``m E`` columns) with
         ``R @ cat(c_1, ..., c_m)`` the values (owned then remote slots, each a row-major block) of
         ``sum_k c_k[e] P_k[e]`` summed over the cells: ``parts`` ``(bs*bs, E, nv*nv)`` each, the
         geometry-only element matrices of the ``m`` per-cell coefficients (block entry major).
@@ -371,18 +371,19 @@ class Assembler:
         data = torch.cat([P.permute(1, 2, 0).reshape(-1) for P in parts]).numpy()
         step = nn * bs2
         indptr = np.arange(0, len(parts) * E * step + 1, step, dtype=idx.dtype)
-        return sps.csc_matrix((data, np.tile(idx, len(parts)), indptr), shape=(n_rows, len(parts) * E))
+        R = sps.csc_matrix((data, np.tile(idx, len(parts)), indptr), shape=(n_rows, len(parts) * E))
+        return R, R.T   # the transpose made once (a view; SciPy checks its format on every .T)
 
     def _assemble_cells(self, coefs: Callable[[], torch.Tensor], operator: Callable[[], object]) -> DSparseTensor:
         """Collective. The matrix ``R @ c`` for ``c = coefs()`` (validated here: ``ValueError`` /
-        ``TypeError`` on every rank) and ``R = operator()`` (:meth:`_cell_operator`), differentiable
+        ``TypeError`` on every rank) and ``R, R^T = operator()`` (:meth:`_cell_operator`), differentiable
         in ``c``. One Allreduce: the coefficients' check and the finiteness of the sums made (an
         overflow) ride on it, and the values go into the template unchecked (they have its
         shape and dtype by construction)."""
         buf, err = None, None
         try:
-            R = operator()
-            buf = _CellLinear.apply(coefs().to(self.dtype), R, R.T)
+            R, RT = operator()
+            buf = _CellLinear.apply(coefs().to(self.dtype), R, RT)
             if not all_finite(buf):
                 raise ValueError("the assembled values overflow (NaN or infinite entries)")
         except (ValueError, TypeError) as ex:

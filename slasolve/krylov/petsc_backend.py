@@ -336,12 +336,27 @@ class PetscKrylov(KrylovSolver):
         bn = bb.numpy()
         if reset_operators:
             # one reduction: whether any rank's values changed (the Mat is refilled in place
-            # then) and ||b||^2 (local dot products summed, as PETSc's VecNorm does)
+            # then), ||b||^2 (local dot products summed, as PETSc's VecNorm does) and whether a
+            # rank's diagonal fails the preconditioner's need (checked here, before the refill,
+            # unless the Mat holds these values and they passed; see _set_up)
             differ = values_differ(dA, "aij")
-            flags = np.array([float(bool(differ)), float(np.dot(bn, bn))])
+            key, pc_type = "main" if ksp is self.ksp else "T", ksp.getPC().getType()
+            needs = pc_type in _NEEDS_DIAGONAL
+            pre = None
+            if needs:
+                op = ksp.getOperators()[0]
+                if differ is not False or self._diag_checked.get(key, (None, None))[1] != \
+                        (op.handle, op.stateGet(), pc_type):
+                    pre = _diagonal_error(dA, pc_type)
+            flags = np.array([float(bool(differ)), float(np.dot(bn, bn)), float(pre is not None)])
             if self.comm.Get_size() > 1:
                 self.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.SUM)
-            ksp.setOperators(to_petsc_mat(dA, mat_type="aij", changed=bool(flags[0])))
+            if flags[2]:
+                check_collective(self.comm, pre)    # raises on every rank
+            mat = to_petsc_mat(dA, mat_type="aij", changed=bool(flags[0]))
+            ksp.setOperators(mat)
+            if needs:   # every rank's diagonal is known good for the Mat as it is now
+                self._diag_checked[key] = (mat, (mat.handle, mat.stateGet(), pc_type))
             bnorm = math.sqrt(flags[1])
         B = self._over("b", bn)
         if not reset_operators:
@@ -431,15 +446,15 @@ class PetscKrylov(KrylovSolver):
             # only in collective refills, so every rank takes this branch alike): PETSc's set-up
             # would do nothing, and there is nothing to check or combine
             return
-        try:
-            if checked.get(key, (None, None))[1] != stamp:
+        if checked.get(key, (None, None))[1] != stamp:   # (alike on every rank, as above)
+            try:
                 checked.pop(key, None)
                 _check_diagonal(dA, ksp.getPC().getType())
-        except ValueError as e:
-            err = e
-        # combined BEFORE the collective set-up: a rank with a zero diagonal must not leave the
-        # others inside PETSc's set-up (GAMG after a value change hung here at 2+ ranks)
-        check_collective(self.comm, err)
+            except ValueError as e:
+                err = e
+            # combined BEFORE the collective set-up: a rank with a zero diagonal must not leave the
+            # others inside PETSc's set-up (GAMG after a value change hung here at 2+ ranks)
+            check_collective(self.comm, err)
         try:
             # the options stay in the database through the set-up: GAMG creates its levels'
             # smoothers there and they read theirs then (-mg_levels_*, -pc_gamg_esteig_*)
