@@ -211,8 +211,8 @@ class _AIJWriter:
     def _probe(cls, mat, dA, L):
         """Local. ``(writer, probe)`` with the distinct ``probe`` values written into ``mat`` through
         ``MatSetValuesCSR`` (not yet assembled), or None where this cannot apply."""
-        from ._petsc_values import _lib
-        lib = _lib()
+        from ._petsc_values import petsc_library
+        lib = petsc_library()
         kind = mat.getType()
         vals = dA.values
         if lib is None or kind not in ("seqaij", "mpiaij") or vals.device.type != "cpu" \
@@ -247,8 +247,8 @@ class _AIJWriter:
         """Local. ``fn(views)`` on writable NumPy views of the Mat's AIJ value arrays (diagonal block,
         then off-diagonal block; ``self._counts`` entries each), between Get/RestoreArray (the
         restore moves the blocks' state); None when PETSc refuses."""
-        from ._petsc_values import _lib
-        lib = _lib()
+        from ._petsc_values import petsc_library
+        lib = petsc_library()
         h = ctypes.c_void_p(self._mat.handle)
         if self._mat.getType() == "seqaij":
             mats = [h]
@@ -283,7 +283,9 @@ class _AIJWriter:
                 or values.device.type != "cpu":
             return False
         flat = values.reshape(-1).numpy()
-        if flat.size != sum(self._counts):
+        # the Mat's arrays must still have the entries the mapping was proven on
+        if flat.size != sum(self._counts) or \
+                int(self._mat.getInfo(PETSc.Mat.InfoType.LOCAL)["nz_used"]) != flat.size:
             return False
 
         def put(views):

@@ -374,6 +374,7 @@ class Assembler:
         R = sps.csc_matrix((data, np.tile(idx, len(parts)), indptr), shape=(n_rows, len(parts) * E))
         return R, R.T   # the transpose made once (a view; SciPy checks its format on every .T)
 
+    @_log.logged("slaAssembly", "slaAssembleMat")
     def _assemble_cells(self, coefs: Callable[[], torch.Tensor], operator: Callable[[], object]) -> DSparseTensor:
         """Collective. The matrix ``R @ c`` for ``c = coefs()`` (validated here: ``ValueError`` /
         ``TypeError`` on every rank) and ``R, R^T = operator()`` (:meth:`_cell_operator`), differentiable
