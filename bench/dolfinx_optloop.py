@@ -54,6 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import COMM, RANK, SIZE, base_parser, fmt_t, rprint, stats, timed, write_json  # noqa: E402
 
 import logging  # noqa: E402
+import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -263,7 +264,17 @@ def rigid_body_nullspace(V):
     return PETSc.NullSpace().create(vectors=basis)
 
 
-def run_size(n: int, trials: int, comm, problem: str = "poisson") -> dict:
+def cpu_timed(fn, comm) -> float:
+    """Collective. CPU seconds (this process, ``time.process_time``) of one call, the largest over
+    the ranks (barrier before): on a shared, loaded machine far steadier than wall time at 1 rank;
+    at several ranks it includes the time a rank spends polling in MPI waits."""
+    comm.Barrier()
+    t0 = time.process_time()
+    fn()
+    return comm.allreduce(time.process_time() - t0, op=MPI.MAX)
+
+
+def run_size(n: int, trials: int, comm, problem: str = "poisson", clock: str = "wall") -> dict:
     sla = Slasolve(n, comm, problem)
     dfx = {"dolfinx": Dolfinx(n, comm, False, problem), "dolfinx_unprec": Dolfinx(n, comm, True, problem)}
     calls = {"slasolve": lambda k: sla.iteration(sla.thetas(k))}
@@ -283,13 +294,14 @@ def run_size(n: int, trials: int, comm, problem: str = "poisson") -> dict:
         ref = functionals(comm, J_ref, g_ref, sla.w)
         for name in (names if t % 2 == 0 else names[::-1]):
             out = {}
-            samples[name].append(timed(lambda: out.__setitem__("r", calls[name](k)), comm))
+            samples[name].append((timed if clock == "wall" else cpu_timed)(
+                lambda: out.__setitem__("r", calls[name](k)), comm))
             J, g = out["r"]
             errors[name].append(np.abs(functionals(comm, J, g, weights[name]) - ref) / np.abs(ref))
         its = {"dolfinx": dfx["dolfinx"].ksp.getIterationNumber(),
                "dolfinx_unprec": dfx["dolfinx_unprec"].ksp.getIterationNumber()}
     its["slasolve"] = sla.info.iterations
-    res = {"problem": problem, "n": n, "cells": 6 * n ** 3 if problem == "elasticity" else 2 * n * n, "ranks": SIZE, "trials": trials, "iterations (last adjoint/forward)": its,
+    res = {"problem": problem, "clock": clock, "n": n, "cells": 6 * n ** 3 if problem == "elasticity" else 2 * n * n, "ranks": SIZE, "trials": trials, "iterations (last adjoint/forward)": its,
            "times": {k: stats(v) for k, v in samples.items()}, "samples": samples,
            "max rel error (J, |g|, g.w)": {k: np.max(np.array(v), axis=0).tolist() for k, v in errors.items()}}
     for other in ("dolfinx", "dolfinx_unprec"):
@@ -297,13 +309,153 @@ def run_size(n: int, trials: int, comm, problem: str = "poisson") -> dict:
     return res
 
 
+def _mpi_counts():
+    """Local. ``mpi_counts_get`` of ``bench/mpi_counts.c`` when it is preloaded (``mpirun -x
+    LD_PRELOAD=.../libmpicounts.so``; build: ``mpicc -O2 -shared -fPIC -o libmpicounts.so
+    bench/mpi_counts.c``), else None: ``() -> [reductions, other collectives, sends, bytes]``."""
+    import ctypes
+    try:
+        get = ctypes.CDLL(None).mpi_counts_get
+    except AttributeError:
+        return None
+    buf = (ctypes.c_longlong * 4)()
+
+    def counts():
+        get(buf)
+        return list(buf)
+    return counts
+
+
+def _petsc_event_times(names) -> dict:
+    """Local. Seconds logged so far per PETSc event, summed over the log stages (slasolve's
+    solves log in stages of their own)."""
+    out = {}
+    for name in names:
+        ev, t = PETSc.Log.Event(name), 0.0
+        for stage in range(32):
+            try:
+                t += ev.getPerfInfo(stage)["time"]
+            except Exception:
+                break
+        out[name] = t
+    return out
+
+
+def phases(n: int, problem: str, comm, iters: int) -> dict:
+    """Collective. Where one iteration's time goes, both sides (DOLFINx with slasolve's stopping
+    test): wall time per phase (a barrier after each, so each phase counts its slowest rank),
+    PETSc's KSPSolve / PCSetUp / MatMult times inside, and, with the PMPI counter preloaded, the
+    MPI reductions and point-to-point sends per phase. Mean per iteration over ``iters``."""
+    sla, dfx = Slasolve(n, comm, problem), Dolfinx(n, comm, True, problem)
+    counts = _mpi_counts()
+    events = ("KSPSolve", "PCSetUp", "MatMult")
+    acc: dict = {}
+
+    def mark(side, name, t, c):
+        comm.Barrier()
+        now, cn = time.perf_counter(), counts() if counts else None
+        a = acc.setdefault(side, {}).setdefault(name, [0.0, 0, 0])
+        a[0] += now - t
+        if cn:
+            a[1] += cn[0] - c[0]
+            a[2] += cn[2] - c[2]
+        return time.perf_counter(), counts() if counts else None
+
+    def sla_iter(k):
+        comm.Barrier()
+        t, c = time.perf_counter(), counts() if counts else None
+        theta = sla.thetas(k).clone().requires_grad_()
+        K = sla.operator(torch.exp(theta))
+        t, c = mark("slasolve", "assemble K", t, c)
+        K_bc, f_bc = sla.bc.apply(K, sla.f)
+        t, c = mark("slasolve", "Dirichlet rows", t, c)
+        u = slasolve.solve(K_bc, f_bc, "cg", pc="gamg", rtol=RTOL, **sla.kw)
+        t, c = mark("slasolve", "solve (refill, set-up, KSP, checks)", t, c)
+        J = slasolve.global_sum(0.5 * ((u - sla.d) ** 2).sum(), sla.comm)
+        t, c = mark("slasolve", "J", t, c)
+        J.backward()
+        mark("slasolve", "backward (adjoint solve, dJ/dtheta)", t, c)
+
+    def dfx_iter(k):
+        d, fpetsc = dfx, dfx.fpetsc
+        comm.Barrier()
+        t, c = time.perf_counter(), counts() if counts else None
+        d.theta.x.array[: d.n_cells] = d.thetas(k)
+        d.theta.x.scatter_forward()
+        d.A.zeroEntries()
+        fpetsc.assemble_matrix(d.A, d.a, bcs=[d.bc])
+        d.A.assemble()
+        t, c = mark("dolfinx", "assemble K (with Dirichlet rows)", t, c)
+        with d.b.localForm() as bl:
+            bl.set(0.0)
+        fpetsc.assemble_vector(d.b, d.L)
+        fpetsc.apply_lifting(d.b, [d.a], bcs=[[d.bc]])
+        d.b.ghostUpdate(addv=PETSc.InsertMode.ADD, mode=PETSc.ScatterMode.REVERSE)
+        fpetsc.set_bc(d.b, [d.bc])
+        t, c = mark("dolfinx", "load vector, lifting", t, c)
+        d.ksp.solve(d.b, d.uh.vector)
+        t, c = mark("dolfinx", "solve (set-up, KSP)", t, c)
+        d.uh.x.scatter_forward()
+        diff = d.uh.x.array[: d.n_owned] - d.d
+        comm.allreduce(0.5 * float(diff @ diff), op=MPI.SUM)
+        d.r.array[:] = diff
+        fpetsc.set_bc(d.r, [d.bc])
+        t, c = mark("dolfinx", "J", t, c)
+        d.ksp.solve(d.r, d.lam.vector)
+        d.lam.x.scatter_forward()
+        with d.gv.localForm() as gl:
+            gl.set(0.0)
+        fpetsc.assemble_vector(d.gv, d.g)
+        d.gv.ghostUpdate(addv=PETSc.InsertMode.ADD, mode=PETSc.ScatterMode.REVERSE)
+        mark("dolfinx", "adjoint solve, dJ/dtheta", t, c)
+
+    PETSc.Log.begin()
+    for k in range(3):
+        sla_iter(k)
+        dfx_iter(k)
+    acc.clear()
+    ev = {"slasolve": dict.fromkeys(events, 0.0), "dolfinx": dict.fromkeys(events, 0.0)}
+    for k in range(iters):
+        for side, fn in (("slasolve", sla_iter), ("dolfinx", dfx_iter))[::1 if k % 2 == 0 else -1]:
+            e0 = _petsc_event_times(events)
+            fn(k + 3)
+            e1 = _petsc_event_times(events)
+            for name in events:
+                ev[side][name] += comm.allreduce(e1[name] - e0[name], op=MPI.MAX)
+    out = {"problem": problem, "n": n, "ranks": SIZE, "iterations": iters, "counted": counts is not None,
+           "phases": {side: {name: {"ms": 1e3 * v[0] / iters, "reductions": v[1] / iters, "sends": v[2] / iters}
+                             for name, v in ph.items()} for side, ph in acc.items()},
+           "petsc events ms": {side: {k: 1e3 * v / iters for k, v in e.items()} for side, e in ev.items()}}
+    rprint(f"{problem} n={n}, {SIZE} rank(s), mean of {iters} iterations (wall ms, barrier after each phase)"
+           + (", MPI reductions / sends per phase (rank 0)" if counts else ""))
+    for side, ph in out["phases"].items():
+        tot = sum(v["ms"] for v in ph.values())
+        rprint(f"  {side}: {tot:.2f} ms; PETSc inside: "
+               + ", ".join(f"{k} {v:.2f}" for k, v in out["petsc events ms"][side].items()))
+        for name, v in ph.items():
+            rprint(f"    {name:40s} {v['ms']:8.2f}" + (f"  {v['reductions']:6.1f} {v['sends']:6.1f}" if counts else ""))
+    return out
+
+
 def main(argv=None):
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--n", type=int, nargs="*", default=None, help="cells per side (default 64 200 707; "
                    "elasticity 8 20 40)")
     p.add_argument("--problem", nargs="*", default=["poisson", "elasticity"], choices=["poisson", "elasticity"])
+    p.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                   help="time each iteration by wall clock (default) or by CPU time (time.process_time, "
+                        "the largest over the ranks: steadier on a loaded machine)")
+    p.add_argument("--phases", type=int, default=0, metavar="ITERS",
+                   help="instead of the comparison: where the time goes, per phase of both sides, mean of "
+                        "ITERS iterations (with MPI counts when bench/mpi_counts.c is LD_PRELOADed)")
     args = p.parse_args(argv)
     if not dolfinx_available():
+        return 0
+    if args.phases:
+        out = {"phases": [phases(n, pr, COMM, args.phases) for pr in args.problem
+                          for n in (args.n or ([64] if pr == "poisson" else [8]))]}
+        if args.json:
+            write_json(args.json, out)
         return 0
     trials = args.trials or (3 if args.quick else 7)
     out = {"rtol": RTOL, "sizes": []}
@@ -314,7 +466,7 @@ def main(argv=None):
         ([64] if args.quick else [64, 200, 707]) if pr == "poisson" else ([8] if args.quick else [8, 20, 40])))]
     for problem, n in todo:
         big = n >= (500 if problem == "poisson" else 40)
-        r = run_size(n, max(3, trials - 2) if big else trials, COMM, problem)
+        r = run_size(n, max(3, trials - 2) if big else trials, COMM, problem, args.clock)
         out["sizes"].append(r)
         t, e, i = r["times"], r["max rel error (J, |g|, g.w)"], r["iterations (last adjoint/forward)"]
         q = [r["slasolve/dolfinx"], r["slasolve/dolfinx_unprec"]]

@@ -48,6 +48,12 @@ def _lib():
         return None
 
 
+def petsc_library():
+    """Local. The ``libpetsc`` of this process through ``ctypes`` (``MatSeqAIJGetArrayRead`` /
+    ``RestoreArrayRead`` and ``MatMPIAIJGetSeqAIJ`` typed), or None where it cannot be found."""
+    return _lib()
+
+
 class AIJValues:
     """Local. Compares one rank's scalar CSR values (rows sorted by global column) with
     the ``seqaij`` / ``mpiaij`` Mat that was built from that pattern.

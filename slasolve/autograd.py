@@ -14,7 +14,9 @@ from ._comm import check_collective
 from .collectives import global_sum
 from .symmetry import looks_symmetric, symmetry_defect  # noqa: F401  (public here since 0.1)
 
-__all__ = ["matvec_value_grad", "global_sum", "saved_tensors", "symmetry_defect", "AdjointFunction"]
+__all__ = ["matvec_value_grad", "global_sum", "saved_tensors", "saved_tensors_and_flag", "symmetry_defect",
+           "AdjointFunction"]
+
 
 def saved_tensors(ctx, comm, what: str) -> tuple:
     """Collective. ``ctx.saved_tensors`` of an autograd Function, checked on every rank.
@@ -24,6 +26,12 @@ def saved_tensors(ctx, comm, what: str) -> tuple:
     one rank alone that would leave the others waiting in the adjoint's collectives. The
     outcome is combined (one small Allreduce) and every rank raises the same error.
     """
+    return saved_tensors_and_flag(ctx, comm, what)[0]
+
+
+def saved_tensors_and_flag(ctx, comm, what: str, flag: bool = False) -> tuple:
+    """Collective. ``(saved tensors, flag on any rank)``: :func:`saved_tensors` with a local fact
+    of the caller's combined on the same Allreduce."""
     err = out = None
     try:
         out = ctx.saved_tensors
@@ -32,8 +40,7 @@ def saved_tensors(ctx, comm, what: str) -> tuple:
                            f"inputs/outputs) was modified by an inplace operation after the forward; the "
                            f"gradient would mix the old and new values. Clone it before changing it, or "
                            f"call backward first. PyTorch: {e}")
-    check_collective(comm, err)
-    return out
+    return out, check_collective(comm, err, flag=flag)
 
 
 def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -137,5 +144,12 @@ class AdjointFunction(torch.autograd.Function):
             raise RuntimeError(f"{cls.name} is differentiable once: second derivatives (backward with "
                                "create_graph=True) through it are not implemented; they would silently "
                                "miss the terms of its adjoint")
-        saved = saved_tensors(ctx, cls.comm(ctx), f"backward of {cls.name}")
+        saved, ctx.early_flag = saved_tensors_and_flag(ctx, cls.comm(ctx), f"backward of {cls.name}",
+                                                       bool(cls.early_flag(ctx, *grads)))
         return cls.adjoint(ctx, saved, *grads)
+
+    @staticmethod
+    def early_flag(ctx, *grads) -> bool:
+        """Local. A fact the subclass's :meth:`adjoint` needs combined over the ranks (True on any
+        rank), read there as ``ctx.early_flag``: it rides on the saved-tensor check's Allreduce."""
+        return False

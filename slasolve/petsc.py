@@ -8,6 +8,7 @@ every ``with_values`` copy), so new values are written into the same Mat.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from typing import Iterator, Optional
 
 import numpy as np
@@ -142,7 +143,7 @@ def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None, cha
     elif refill:
         with _log.phase("refill", _log.event("slaMatRefill")):
             if _changed_anywhere(dA.comm, entry, vals) if changed is None else changed:
-                fill_petsc_mat(entry[0], dA)
+                _refill(entry, dA, L)
                 snap = entry[1]
                 if snap is None:
                     pass
@@ -153,6 +154,152 @@ def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None, cha
     if mat_type == _default_type(dA):
         L.petsc_mat = entry[0]
     return entry[0]
+
+
+def _refill(entry, dA, L) -> None:
+    """Collective. :func:`fill_petsc_mat` for a cached Mat: the values written straight into its
+    AIJ arrays where that is possible (:class:`_AIJWriter`, made on the first refill), else
+    through ``MatSetValuesCSR``. Both end in one ``MatAssembly`` (the Mat's state moves, so
+    PETSc rebuilds what depends on the values)."""
+    mat = entry[0]
+    if len(entry) < 4:
+        entry.append(_AIJWriter.build(mat, dA, L))
+    writer = entry[3]
+    if writer is None or not writer.write(dA.values.detach()):
+        fill_petsc_mat(mat, dA)
+        return
+    mat.assemble()
+
+
+class _AIJWriter:
+    """Local. Writes a CPU float64 tensor's values (scalar or block, the pattern the cached AIJ Mat
+    was made from) straight into the Mat's value arrays: one gather per block (diagonal and
+    off-diagonal block of an MPIAIJ Mat), where ``MatSetValuesCSR`` would zero the Mat and search
+    every row for every column. The mapping is derived from the pattern (rows sorted by global
+    column, as ``_petsc_values.AIJValues`` explains) and proven at build time by writing distinct
+    values through ``MatSetValuesCSR`` and reading them back at the derived positions; anything
+    unexpected makes :meth:`build` return None (``MatSetValuesCSR`` it is)."""
+
+    def __init__(self, mat, sources):
+        self._mat = mat
+        self._sources = sources                   # per AIJ block: flat value index of each array entry
+        self._counts = [int(x.size) for x in sources]
+
+    @classmethod
+    def build(cls, mat, dA, L) -> Optional["_AIJWriter"]:
+        """Collective (one ``MatAssembly`` on every rank, whatever each decides). The writer for
+        ``mat``, or None on this rank."""
+        try:
+            made = cls._probe(mat, dA, L)
+        except Exception:   # local: the caller falls back to MatSetValuesCSR (same collectives)
+            made = None
+        mat.assemble()
+        if made is None:
+            return None
+        w, probe = made
+        try:
+            seen = w._arrays(lambda views: [v.copy() for v in views])
+            if seen is None or not all(a.size == s.size and np.array_equal(a, probe[s])
+                                       for a, s in zip(seen, w._sources)):
+                return None
+        except Exception:
+            return None
+        if len(w._sources) == 1 and np.array_equal(w._sources[0], np.arange(probe.size)):
+            w._sources = [None]   # the array is the values, in order: a copy
+        return w
+
+    @classmethod
+    def _probe(cls, mat, dA, L):
+        """Local. ``(writer, probe)`` with the distinct ``probe`` values written into ``mat`` through
+        ``MatSetValuesCSR`` (not yet assembled), or None where this cannot apply."""
+        from ._petsc_values import petsc_library
+        lib = petsc_library()
+        kind = mat.getType()
+        vals = dA.values
+        if lib is None or kind not in ("seqaij", "mpiaij") or vals.device.type != "cpu" \
+                or vals.dtype != torch.float64 or _ScalarType != np.float64:
+            return None
+        for name in ("MatSeqAIJGetArray", "MatSeqAIJRestoreArray"):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)], ctypes.c_int
+        loc = dA.local
+        n = vals.numel()
+        if loc.is_block:
+            ps, perm = loc.pattern.scalar(*loc.block_shape)
+            indptr, cols, src = ps.indptr, ps.indices.cpu().numpy(), perm.cpu().numpy()
+        else:
+            indptr, cols, src = loc.indptr, loc.indices.cpu().numpy(), np.arange(n)
+        if cols.size != n:
+            return None
+        dt = np.int32 if n < 2 ** 31 else np.int64
+        if kind == "seqaij":
+            sources = [src.astype(dt)]
+        else:
+            c0, c1 = L.cstart * L.bc, L.cend * L.bc
+            off = (cols < c0) | (cols >= c1)
+            sources = [src[~off].astype(dt), src[off].astype(dt)]
+        probe = np.arange(1.0, n + 1.0)
+        mat.zeroEntries()
+        mat.setValuesCSR(indptr.cpu().numpy().astype(_IntType), cols.astype(_IntType), probe[src],
+                         PETSc.InsertMode.INSERT_VALUES)
+        return cls(mat, sources), probe
+
+    def _arrays(self, fn):
+        """Local. ``fn(views)`` on writable NumPy views of the Mat's AIJ value arrays (diagonal block,
+        then off-diagonal block; ``self._counts`` entries each), between Get/RestoreArray (the
+        restore moves the blocks' state); None when PETSc refuses."""
+        from ._petsc_values import petsc_library
+        lib = petsc_library()
+        h = ctypes.c_void_p(self._mat.handle)
+        if self._mat.getType() == "seqaij":
+            mats = [h]
+        else:
+            ad, ao, colmap = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+            if lib.MatMPIAIJGetSeqAIJ(h, ctypes.byref(ad), ctypes.byref(ao), ctypes.byref(colmap)):
+                return None
+            mats = [ad, ao]
+        if len(mats) != len(self._counts):
+            return None
+        got = []
+        try:
+            views = []
+            for m, count in zip(mats, self._counts):
+                p = ctypes.c_void_p()
+                if lib.MatSeqAIJGetArray(m, ctypes.byref(p)):
+                    return None
+                got.append((m, p))
+                if count and not p.value:
+                    return None
+                views.append(np.frombuffer((ctypes.c_double * count).from_address(p.value), dtype=np.float64)
+                             if count else np.zeros(0))
+            return fn(views)
+        finally:
+            for m, p in got:
+                lib.MatSeqAIJRestoreArray(m, ctypes.byref(p))
+
+    def write(self, values: torch.Tensor) -> bool:
+        """Local. Write ``values`` (the tensor's, CPU float64) into the Mat's arrays; False when
+        that could not be done (then nothing is promised about the arrays: refill them)."""
+        if self._mat.getType() not in ("seqaij", "mpiaij") or values.dtype != torch.float64 \
+                or values.device.type != "cpu":
+            return False
+        flat = values.reshape(-1).numpy()
+        # the Mat's arrays must still have the entries the mapping was proven on
+        if flat.size != sum(self._counts) or \
+                int(self._mat.getInfo(PETSc.Mat.InfoType.LOCAL)["nz_used"]) != flat.size:
+            return False
+
+        def put(views):
+            for v, s in zip(views, self._sources):
+                if s is None:
+                    np.copyto(v, flat)
+                else:
+                    np.take(flat, s, out=v)
+            return True
+        try:
+            return bool(self._arrays(put))
+        except Exception:
+            return False
 
 
 def _values_view(dA, L, mat):

@@ -40,6 +40,7 @@ from mpi4py import MPI
 from .. import _log
 from .._comm import check_collective, exchange_by_rank, reply_by_rank
 from ..dsparse import DSparseTensor
+from ..sparse import all_finite
 from ..halo import HaloPlan
 from . import elements as _el
 from .mesh import Mesh
@@ -103,7 +104,7 @@ class Assembler:
                 block_size not in (1, mesh.dim):
             err = ValueError(f"block_size must be 1 (scalar) or mesh.dim = {mesh.dim} (vector), "
                              f"got {block_size!r}")
-        check_collective(comm, err)
+        check_collective(comm, err, agree={"block_size": repr(block_size)})
         self.mesh = mesh
         self.comm = comm
         self.bs = int(block_size)
@@ -341,6 +342,61 @@ class Assembler:
             values = values + self.nnz_plan.reverse(buf[self.nnz:])
         return self.template.with_values(values)
 
+    def _fast_cells(self) -> bool:
+        """Local. Whether per-cell coefficients are assembled by a cached sparse operator
+        (:meth:`_cell_operator`): CPU, geometry fixed (coordinates that require grad are not)."""
+        return self.device.type == "cpu" and not self.cell_coords.requires_grad
+
+    def _stiffness_operator(self):
+        """Local. :meth:`_cell_operator` of the unit-coefficient stiffness matrices."""
+        E, nv = self.mesh.n_local_cells, self.nv
+        return self._cell_operator(_el.stiffness(self.cell_coords, 1.0, self.cell).reshape(1, E, nv * nv))
+
+    def _cell_operator(self, *parts: torch.Tensor):
+        """Local. ``(R, R^T)``: the matrix ``R`` (SciPy CSC, ``(nnz + n_remote) * bs * bs`` rows, ``m E`` columns) with
+        ``R @ cat(c_1, ..., c_m)`` the values (owned then remote slots, each a row-major block) of
+        ``sum_k c_k[e] P_k[e]`` summed over the cells: ``parts`` ``(bs*bs, E, nv*nv)`` each, the
+        geometry-only element matrices of the ``m`` per-cell coefficients (block entry major).
+        Column ``k E + e`` holds cell ``e``'s entries of ``P_k``, so one product assembles every
+        cell (a scatter-add in column order) and its transpose is the gradient with respect to
+        the coefficients (a dot product per cell). A slot sums its cells in the same order as its
+        mirror slot does, so exactly symmetric element matrices give an exactly symmetric matrix."""
+        import scipy.sparse as sps
+        bs2 = self.bs * self.bs
+        E, nn = self.mesh.n_local_cells, self.nv * self.nv
+        rows = (self._slot.reshape(1, E, nn) * bs2 + torch.arange(bs2).reshape(bs2, 1, 1))
+        rows = rows.permute(1, 2, 0).reshape(-1)                           # (e, ij, ab) order
+        n_rows = (self.nnz + self.n_remote) * bs2
+        idx = rows.to(torch.int32 if max(n_rows, len(parts) * E) < 2 ** 31 else torch.int64).numpy()
+        data = torch.cat([P.permute(1, 2, 0).reshape(-1) for P in parts]).numpy()
+        step = nn * bs2
+        indptr = np.arange(0, len(parts) * E * step + 1, step, dtype=idx.dtype)
+        R = sps.csc_matrix((data, np.tile(idx, len(parts)), indptr), shape=(n_rows, len(parts) * E))
+        return R, R.T   # the transpose made once (a view; SciPy checks its format on every .T)
+
+    @_log.logged("slaAssembly", "slaAssembleMat")
+    def _assemble_cells(self, coefs: Callable[[], torch.Tensor], operator: Callable[[], object]) -> DSparseTensor:
+        """Collective. The matrix ``R @ c`` for ``c = coefs()`` (validated here: ``ValueError`` /
+        ``TypeError`` on every rank) and ``R, R^T = operator()`` (:meth:`_cell_operator`), differentiable
+        in ``c``. One Allreduce: the coefficients' check and the finiteness of the sums made (an
+        overflow) ride on it, and the values go into the template unchecked (they have its
+        shape and dtype by construction)."""
+        buf, err = None, None
+        try:
+            R, RT = operator()
+            buf = _CellLinear.apply(coefs().to(self.dtype), R, RT)
+            if not all_finite(buf):
+                raise ValueError("the assembled values overflow (NaN or infinite entries)")
+        except (ValueError, TypeError) as ex:
+            err = ex
+        check_collective(self.comm, err)
+        if self.bs > 1:
+            buf = buf.reshape(-1, self.bs, self.bs)
+        values = buf[:self.nnz]
+        if self.comm.Get_size() > 1:
+            values = values + self.nnz_plan.reverse(buf[self.nnz:])
+        return self.template._with_checked_values(values)
+
     @_log.logged("slaAssembly", "slaAssembleVec")
     def assemble_vector(self, element_vectors: torch.Tensor, *, check: bool = True) -> torch.Tensor:
         """Collective. Sum element vectors ``(E, nv*bs)`` (or ``(E, nv, bs)``) into the owned
@@ -381,8 +437,12 @@ class Assembler:
     def stiffness(self, kappa: Coef = 1.0) -> DSparseTensor:
         """Collective. Stiffness ``∫ kappa ∇u·∇v`` (scalar space). ``kappa``: number, per-local-cell
         tensor ``(E,)`` (may require grad) or a callable of the cell centroids ``(E, dim)``."""
-        check_collective(self.comm, None if self.bs == 1 else
-                         ValueError("stiffness() needs a scalar space (block_size=1); use elasticity()"))
+        if self.bs != 1:   # the same on every rank (block_size agreed at construction)
+            raise ValueError("stiffness() needs a scalar space (block_size=1); use elasticity()")
+        if self._fast_cells():
+            return self._assemble_cells(lambda: _cell_values(self._cell_coef("kappa", kappa), self.mesh.n_local_cells),
+                                        lambda: self._geo("stiffness operator", self._stiffness_operator))
+
         def kernel():
             k = self._cell_coef("kappa", kappa)
             return self._ref_stiffness() * k
@@ -403,8 +463,8 @@ class Assembler:
     def elasticity(self, young: Coef = 1.0, nu: Coef = 0.3, kind: Optional[str] = None) -> DSparseTensor:
         """Collective. Isotropic linear elasticity (vector space, ``block_size=dim``).
         ``kind``: ``"plane_strain"`` (2-D default here) / ``"plane_stress"`` / ``"3d"``."""
-        check_collective(self.comm, None if self.bs == self.dim else
-                         ValueError(f"elasticity() needs a vector space (block_size={self.dim})"))
+        if self.bs != self.dim:   # the same on every rank (block_size agreed at construction)
+            raise ValueError(f"elasticity() needs a vector space (block_size={self.dim})")
         if kind is None:
             kind = "plane_strain" if self.dim == 2 else "3d"
         E, nv, bs = self.mesh.n_local_cells, self.nv, self.bs
@@ -418,9 +478,17 @@ class Assembler:
             KL, KM = (0.5 * (K + K.permute(1, 0, 2, 4, 3)) for K in (KL, KM))
             return KL.reshape(bs * bs, E, nv * nv), KM.reshape(bs * bs, E, nv * nv)
 
-        def kernel():
+        def coefs():
             _, lam, mu = _el._elasticity_coefs(E, self.dim, self._coef("young", young), self._coef("nu", nu),
                                                kind, self.cell_coords)
+            return lam, mu
+
+        if self._fast_cells():
+            return self._assemble_cells(lambda: torch.cat(coefs()[::-1]), lambda: self._geo(
+                "elasticity operator", lambda: self._cell_operator(*parts()[::-1])))   # columns: mu, lam
+
+        def kernel():
+            lam, mu = coefs()
             KL, KM = self._geo("elasticity", parts)
             return torch.addcmul(mu[:, None] * KM, lam[:, None], KL).reshape(bs * bs, E * nv * nv)
         return self._assemble_slots(self._collective(kernel))
@@ -558,6 +626,25 @@ class Assembler:
     def zeros(self) -> torch.Tensor:
         """Local. A zero vector of the owned dofs."""
         return torch.zeros(self.n_owned_dofs, dtype=self.dtype, device=self.device)
+
+
+def _cell_values(c, E: int) -> torch.Tensor:
+    """Local. A validated coefficient of ``Assembler._cell_coef`` as ``(E,)`` values."""
+    return c.reshape(E) if isinstance(c, torch.Tensor) else torch.full((E,), c, dtype=torch.float64)
+
+
+class _CellLinear(torch.autograd.Function):
+    """``R @ x`` for a SciPy sparse ``R`` (CPU); its gradient is ``R^T @ g``, itself a
+    ``_CellLinear`` (so higher derivatives exist)."""
+
+    @staticmethod
+    def forward(ctx, x, R, RT):
+        ctx.R, ctx.RT = R, RT
+        return torch.from_numpy(np.asarray(R @ x.detach().contiguous().numpy()))
+
+    @staticmethod
+    def backward(ctx, g):
+        return _CellLinear.apply(g.contiguous(), ctx.RT, ctx.R), None, None
 
 
 def _same_key(a, b) -> bool:

@@ -23,6 +23,7 @@ import torch
 
 from .._comm import check_collective
 from ..dsparse import DSparseTensor
+from ..sparse import all_finite
 from .assembly import Assembler
 from .mesh import boundary_nodes
 
@@ -155,6 +156,16 @@ class DirichletBC:
             self._zero = (row_c | col_c).reshape(-1)
             self._fD = ((~row_c) & col_c).reshape(-1)
             self._diag = is_diag & row_c.reshape(-1)
+        self._zero_kept = self._zero & ~self._diag     # diagonal="keep": what is zeroed
+        self._fills: dict = {}
+
+    def _fill(self, dtype: torch.dtype) -> torch.Tensor:
+        """Local. The values of the zeroed entries (``diagonal`` on the constrained rows' diagonal,
+        0 elsewhere), made once per dtype."""
+        hit = self._fills.get(dtype)
+        if hit is None:
+            hit = self._fills[dtype] = self._diag.to(dtype) * float(self.diagonal)
+        return hit
 
     def __repr__(self) -> str:
         return f"DirichletBC(n_local={self.dofs.numel()}, n_global={self.n_constrained_global})"
@@ -181,15 +192,20 @@ class DirichletBC:
             err = ValueError(f"values must be a tensor of shape {tuple(self.values.shape)}")
         elif values is not None and not bool(torch.isfinite(values.detach()).all()):
             err = ValueError("values contains NaN or infinite values")
-        # whether any rank prescribes a nonzero or differentiable g (else there is no lifting)
+        v_bc = None
+        if err is None:
+            v = A.values
+            zero = torch.zeros((), dtype=v.dtype, device=v.device)
+            # one pass: the zeroed entries take their new value (0, or the diagonal of a constrained row)
+            v_bc = torch.where(self._zero, self._fill(v.dtype), v) if self.diagonal != "keep" else \
+                torch.where(self._zero_kept, zero, v)
+            if not all_finite(v_bc):
+                err = ValueError("A's values (on the rows and columns kept) contain NaN or infinite values")
+        # whether any rank prescribes a nonzero or differentiable g (else there is no lifting); the
+        # checks of A's values ride on this Allreduce, so A_bc takes them unchecked (same layout)
         lifted = values is not None or self.values.requires_grad or bool(self.values.detach().any())
         lifted = check_collective(space.comm, err, flag=lifted)
-        v = A.values
-        zero = torch.zeros((), dtype=v.dtype, device=v.device)
-        diag_val = torch.where(self._diag, v, zero) if self.diagonal == "keep" else \
-            self._diag.to(v.dtype) * float(self.diagonal)
-        v_bc = torch.where(self._zero, zero, v) + diag_val
-        A_bc = A.with_values(v_bc)
+        A_bc = A._with_checked_values(v_bc)
         if b is None:
             return A_bc, None
         if not lifted:   # g = 0 everywhere: A[:, D] g and the constrained rows' diagonal * g are zero

@@ -61,6 +61,15 @@ class AdjointSolve(AdjointFunction):
     name = "slasolve.solve"
 
     @staticmethod
+    def early_flag(ctx, g) -> bool:
+        """Local. Whether the adjoint solve differs from the forward's here (see
+        :func:`repeats_forward`; combined on the saved-tensor check's Allreduce)."""
+        if getattr(ctx, "forward_system", None) is None:
+            return False
+        l0 = previous_solution(ctx.solver, "lam", g.contiguous()) if ctx.opts["warm"] else None
+        return not _same_system(ctx.forward_system, g.contiguous(), l0)
+
+    @staticmethod
     def adjoint(ctx, saved, g):
         x, _ = saved
         if ctx.opts.get("pc_fn") is not None:  # the cached solver may have another callable now
@@ -114,8 +123,14 @@ def repeats_forward(ctx, g, l0) -> bool:
     fwd = getattr(ctx, "forward_system", None)
     if fwd is None:  # decided in the forward from global facts: the same on every rank
         return False
+    if getattr(ctx, "early_flag", None) is not None:   # in the backward: combined on the saved-tensor
+        return not ctx.early_flag                      # check's Allreduce (AdjointSolve.early_flag)
+    return bool(allreduce_int(ctx.dA.comm, int(_same_system(fwd, g, l0)), MPI.MIN))
+
+
+def _same_system(fwd, g, l0) -> bool:
+    """Local. Whether ``g`` and the adjoint's start ``l0`` are the forward's ``b`` and ``x0`` here."""
     b, x0 = fwd
-    same = g.shape == b.shape and g.dtype == b.dtype and torch.equal(g, b) and \
+    return g.shape == b.shape and g.dtype == b.dtype and torch.equal(g, b) and \
         ((x0 is None and l0 is None) or (x0 is not None and l0 is not None and x0.shape == l0.shape
                                          and torch.equal(x0, l0)))
-    return bool(allreduce_int(ctx.dA.comm, int(same), MPI.MIN))
