@@ -26,6 +26,8 @@ if [ ! -x "$PYTHON" ]; then echo "no $PYTHON: run scripts/install.sh first" >&2;
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 # more ranks than cores: let idle ranks yield instead of spinning in MPI waits
 export OMPI_MCA_mpi_yield_when_idle=1
+# the cores (GNU nproc reports OMP_NUM_THREADS where it is set)
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MPLBACKEND=Agg PYTHONUNBUFFERED=1
 # Without a bytecode cache (PYTHONDONTWRITEBYTECODE=1 in some CI images) every pytest process, one
 # per rank and step, compiles slasolve and rewrites every test module's asserts again: collecting
@@ -56,10 +58,11 @@ bg_log=$(mktemp -d)   # the background checks' log; the CPU counters below
 # cpu_mark: cpu = the CPU seconds (user + sys) of this shell's finished children so far (bash's
 # `times`, called in this process: a subshell would count its own children only)
 cpu_mark() {
-  times > "$bg_log/times.$BASHPID" 2>/dev/null || { cpu=0; return; }
+  local f="$bg_log/times.$BASHPID"   # this shell's pid: $(...) below runs in a subshell
+  times > "$f" 2>/dev/null || { cpu=0; return; }
   cpu=$(awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, a, "m"); sub("s", "", a[2]); t += a[1] * 60 + a[2] }
-             printf "%.0f", t }' "$bg_log/times.$BASHPID")
-  rm -f "$bg_log/times.$BASHPID"
+             printf "%.0f", t }' "$f")
+  rm -f "$f"
 }
 # took WHAT T0 C0: one line with the step's wall time (SECONDS since T0) and CPU time (since cpu_mark gave C0)
 took() { cpu_mark; echo "   -- $1: $((SECONDS - $2)) s wall, $((cpu - $3)) s CPU"; }
@@ -97,7 +100,7 @@ t_all=$SECONDS; cpu_mark; c_all=$cpu
 # a module's fixtures and caches are built once, tests that start mpirun jobs run one after the
 # other as before). One process kept one core busy (417 CPU s for 402 s on a quiet machine)
 # while the other did the background checks' ~300 CPU s and then idled.
-workers=$(nproc)
+workers=$cores
 [ -z "${SLASOLVE_XDIST:-}" ] || [ "$SLASOLVE_XDIST" -ge "$workers" ] 2>/dev/null || workers=${SLASOLVE_XDIST}
 xdist=()
 # test_observability's count of PETSc's KSPSolve event inside slasolve's stage failed once on a
@@ -150,7 +153,7 @@ fi
 # run_mpi N MARKS WHAT [scale] [PATHS...]: the marked tests (of PATHS, default the testpaths) on N
 # ranks under the timeout; a failure dumps the other ranks' logs
 run_mpi() {
-  local t0=$SECONDS c0 cpu threads=$OMP_NUM_THREADS per_rank=$(( $(nproc) / $1 )) examples=${SLASOLVE_PROPERTY_EXAMPLES:-}
+  local t0=$SECONDS c0 cpu threads=$OMP_NUM_THREADS per_rank=$(( cores / $1 )) examples=${SLASOLVE_PROPERTY_EXAMPLES:-}
   # threads beyond the cores spin against the other ranks: at most cores/ranks per rank (>= 1)
   [ "$per_rank" -ge 1 ] || per_rank=1
   [ "$threads" -le "$per_rank" ] || threads=$per_rank
