@@ -204,7 +204,7 @@ done
 wait "$bg_pid"
 cat "$bg_log/out"
 [ ! -f "$bg_log/failed" ] || status=1
-rm -rf "$bg_log"
 took "command (2), the background checks included" "$t_all" "$c_all"
+rm -rf "$bg_log"
 if [ $status -eq 0 ]; then echo "all test runs passed"; else echo "some test runs FAILED"; fi
 exit $status

@@ -9,8 +9,8 @@
 #    https://download.pytorch.org/whl/cpu, picks the index on a machine without it), then
 #    `pip install .[mpi,test,examples]`: mpi4py>=4 wheels and the `mpich` wheel that they load;
 # 3. checks, in that venv: `python -m slasolve` (the install is consistent, no PETSc; a
-#    missing MPI library makes it exit 1), the tests that need no PETSc (those marked `petsc`
-#    skip), the notebook, every example, and under `mpiexec -n 2` (the mpich wheel's
+#    missing MPI library makes it exit 1), the test files with no-PETSc code paths (those marked
+#    `petsc` skip; the list below says which and why), the notebook, every example, and under `mpiexec -n 2` (the mpich wheel's
 #    launcher) a distributed solve + gradient against SciPy, an example, an exception on
 #    one rank ending the job, `python -m slasolve`, and the MPI tests of the torch backend.
 #
