@@ -9,8 +9,8 @@
 #    https://download.pytorch.org/whl/cpu, picks the index on a machine without it), then
 #    `pip install .[mpi,test,examples]`: mpi4py>=4 wheels and the `mpich` wheel that they load;
 # 3. checks, in that venv: `python -m slasolve` (the install is consistent, no PETSc; a
-#    missing MPI library makes it exit 1), the tests that need no PETSc (those marked `petsc`
-#    skip), the notebook, every example, and under `mpiexec -n 2` (the mpich wheel's
+#    missing MPI library makes it exit 1), the test files with no-PETSc code paths (those marked
+#    `petsc` skip; the list below says which and why), the notebook, every example, and under `mpiexec -n 2` (the mpich wheel's
 #    launcher) a distributed solve + gradient against SciPy, an example, an exception on
 #    one rank ending the job, `python -m slasolve`, and the MPI tests of the torch backend.
 #
@@ -96,9 +96,14 @@ import sys, importlib.util as u, slasolve
 assert u.find_spec("petsc4py") is None and u.find_spec("slepc4py") is None, "petsc4py is visible"
 assert "site-packages" in slasolve.__file__ and sys.prefix != sys.base_prefix, slasolve.__file__
 print("slasolve from", slasolve.__file__)'
+# the files whose code paths differ without PETSc (the torch backend chosen by default, no
+# PETSc options, the configuration report) or whose checks need the pip-resolved NumPy/SciPy/
+# mpi4py; test_examples_optim (60 % of this step's time: its examples on the torch backend),
+# test_partition and test_fem_elements (NumPy/pymetis/torch only: the same code in both installs)
+# run in the main suite, and the examples run below as scripts
 tests=(test_no_petsc.py test_config.py test_notebook.py test_sparse.py test_torch_krylov.py
-       test_torch_eigen.py test_fem_mesh.py test_fem_elements.py test_fem_assembly.py test_fem_solve.py
-       test_examples_optim.py test_dsparse.py test_halo.py test_partition.py test_errors.py test_dtensor.py
+       test_torch_eigen.py test_fem_mesh.py test_fem_assembly.py test_fem_solve.py
+       test_dsparse.py test_halo.py test_errors.py test_dtensor.py
        test_taylor.py test_timestepping.py test_heat_inverse.py)
 paths=()
 for t in "${tests[@]}"; do [ ! -f "$here/tests/$t" ] || paths+=("$here/tests/$t"); done

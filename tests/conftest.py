@@ -33,6 +33,17 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # scripts/test.sh's serial step: the MPI tests of the files its kernels step runs again at one
+    # rank (under other BLAS kernels) and its 2-rank step runs (the machine's kernels) are
+    # deselected here (SLASOLVE_DESELECT_MPI_IN: space-separated path prefixes, docs/testing.md)
+    prefixes = tuple(os.environ.get("SLASOLVE_DESELECT_MPI_IN", "").split())
+    if prefixes:
+        gone = [item for item in items
+                if item.nodeid.startswith(prefixes) and item.get_closest_marker("mpi") is not None]
+        if gone:
+            dropped = set(map(id, gone))
+            items[:] = [item for item in items if id(item) not in dropped]
+            config.hook.pytest_deselected(items=gone)
     # tests marked `petsc` need petsc4py (a pip-only install has none: they skip, with the reason)
     marked = [item for item in items if item.get_closest_marker("petsc") is not None]
     if marked:
