@@ -182,7 +182,11 @@ run_mpi() {
 ranks4_files=(test_dsparse.py test_halo.py test_partition.py test_dtensor.py test_errors.py
               test_spmd_user_code.py test_adjoint_safety.py test_petsc_bridge.py test_observability.py
               test_fem_mesh.py test_fem_meshio.py test_fem_facets.py test_fem_assembly.py
-              test_fem_hyperelastic_kernels.py test_fem_solve.py test_nullspace.py)
+              test_fem_hyperelastic_kernels.py test_fem_solve.py test_nullspace.py
+              # the cases issues 19 and 22 name at 1, 2 and 4 ranks: top88 at rtol 1e-12, SciPy's
+              # default-success cases (recirc_flow, local_disc, PyAMG's), Taylor tests, time
+              # stepping (~66 s wall at 4 ranks here, quiet)
+              test_tight_tolerance.py test_scipy_defaults.py test_taylor.py test_timestepping.py)
 ranks4_paths=()
 for f in "${ranks4_files[@]}"; do [ ! -f "tests/$f" ] || ranks4_paths+=("tests/$f"); done
 run_mpi 2 "mpi and not property" "MPI tests but the property ones"
