@@ -55,6 +55,7 @@ from common import COMM, RANK, SIZE, base_parser, fmt_t, rprint, stats, timed, w
 
 import logging  # noqa: E402
 import time  # noqa: E402
+from typing import Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -212,31 +213,37 @@ class Dolfinx:
     def thetas(self, k):
         return theta_of(self.c, k)
 
-    def iteration(self, theta: np.ndarray):
+    def iteration(self, theta: np.ndarray, phase: Callable[[str], None] = lambda name: None):
+        """One iteration; ``phase(name)`` is called after each phase (:func:`phases` times them)."""
         fem, fpetsc = self.fem, self.fpetsc
         self.theta.x.array[: self.n_cells] = theta
         self.theta.x.scatter_forward()
         self.A.zeroEntries()
         fpetsc.assemble_matrix(self.A, self.a, bcs=[self.bc])
         self.A.assemble()
+        phase("assemble K (with Dirichlet rows)")
         with self.b.localForm() as bl:
             bl.set(0.0)
         fpetsc.assemble_vector(self.b, self.L)
         fpetsc.apply_lifting(self.b, [self.a], bcs=[[self.bc]])
         self.b.ghostUpdate(addv=PETSc.InsertMode.ADD, mode=PETSc.ScatterMode.REVERSE)
         fpetsc.set_bc(self.b, [self.bc])
+        phase("load vector, lifting")
         self.ksp.solve(self.b, self.uh.vector)
+        phase("solve (set-up, KSP)")
         self.uh.x.scatter_forward()
         diff = self.uh.x.array[: self.n_owned] - self.d
         J = self.comm.allreduce(0.5 * float(diff @ diff), op=MPI.SUM)
         self.r.array[:] = diff                       # dJ/du, zero on the boundary (u is fixed there)
         fpetsc.set_bc(self.r, [self.bc])
+        phase("J")
         self.ksp.solve(self.r, self.lam.vector)      # K is symmetric: the adjoint is K again
         self.lam.x.scatter_forward()
         with self.gv.localForm() as gl:
             gl.set(0.0)
         fpetsc.assemble_vector(self.gv, self.g)
         self.gv.ghostUpdate(addv=PETSc.InsertMode.ADD, mode=PETSc.ScatterMode.REVERSE)
+        phase("adjoint solve, dJ/dtheta")
         return J, self.gv.array_r.copy()
 
 
@@ -377,37 +384,12 @@ def phases(n: int, problem: str, comm, iters: int) -> dict:
         mark("slasolve", "backward (adjoint solve, dJ/dtheta)", t, c)
 
     def dfx_iter(k):
-        d, fpetsc = dfx, dfx.fpetsc
         comm.Barrier()
-        t, c = time.perf_counter(), counts() if counts else None
-        d.theta.x.array[: d.n_cells] = d.thetas(k)
-        d.theta.x.scatter_forward()
-        d.A.zeroEntries()
-        fpetsc.assemble_matrix(d.A, d.a, bcs=[d.bc])
-        d.A.assemble()
-        t, c = mark("dolfinx", "assemble K (with Dirichlet rows)", t, c)
-        with d.b.localForm() as bl:
-            bl.set(0.0)
-        fpetsc.assemble_vector(d.b, d.L)
-        fpetsc.apply_lifting(d.b, [d.a], bcs=[[d.bc]])
-        d.b.ghostUpdate(addv=PETSc.InsertMode.ADD, mode=PETSc.ScatterMode.REVERSE)
-        fpetsc.set_bc(d.b, [d.bc])
-        t, c = mark("dolfinx", "load vector, lifting", t, c)
-        d.ksp.solve(d.b, d.uh.vector)
-        t, c = mark("dolfinx", "solve (set-up, KSP)", t, c)
-        d.uh.x.scatter_forward()
-        diff = d.uh.x.array[: d.n_owned] - d.d
-        comm.allreduce(0.5 * float(diff @ diff), op=MPI.SUM)
-        d.r.array[:] = diff
-        fpetsc.set_bc(d.r, [d.bc])
-        t, c = mark("dolfinx", "J", t, c)
-        d.ksp.solve(d.r, d.lam.vector)
-        d.lam.x.scatter_forward()
-        with d.gv.localForm() as gl:
-            gl.set(0.0)
-        fpetsc.assemble_vector(d.gv, d.g)
-        d.gv.ghostUpdate(addv=PETSc.InsertMode.ADD, mode=PETSc.ScatterMode.REVERSE)
-        mark("dolfinx", "adjoint solve, dJ/dtheta", t, c)
+        state = [time.perf_counter(), counts() if counts else None]
+
+        def phase(name):
+            state[:] = mark("dolfinx", name, *state)
+        dfx.iteration(dfx.thetas(k), phase)
 
     PETSc.Log.begin()
     for k in range(3):
