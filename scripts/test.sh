@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: serial (every test once in one process, on pytest-xdist workers, one per
-# core, when it is installed; SLASOLVE_XDIST=0: one process), the eigen and SciPy-suite tests again
-# under other BLAS kernels (SLASOLVE_SKIP_KERNELS=1 skips it), then under mpirun -n 2 (tests marked
-# mpi but not property), -n 3 (the property tests) and -n 4 (the files whose logic depends on the
+# core, when it is installed; SLASOLVE_XDIST=0: one process), then under mpirun -n 2 (tests marked
+# mpi but not property), the eigen and SciPy-suite tests again under other BLAS kernels
+# (SLASOLVE_SKIP_KERNELS=1 skips it), -n 3 (the property tests) and -n 4 (the files whose logic depends on the
 # rank count beyond 2: RANKS4_FILES below; docs/testing.md says which and why), so every test runs
 # at 1 rank, every MPI test at 2 ranks but the property tests, which run at 1, 3 and 8; then the
 # property tests and the tests marked scale at 8 ranks oversubscribed
@@ -134,22 +134,6 @@ if [ ${#xdist[@]} -gt 0 ] && [ "$user_paths" = 0 ]; then
     "${alone[@]}" ${args[@]+"${args[@]}"} || status=1
 fi
 took serial "$t0" "$c0"
-# the eigensolver and SciPy-suite tests again under other BLAS/LAPACK kernels and thread counts
-# than the machine's own, so a result that holds only on this CPU's kernels fails here, not on the
-# next machine (SLASOLVE_SKIP_KERNELS=1 skips it): OpenBLAS (NumPy, SciPy, PETSc) forced to the
-# Sandybridge kernels (no FMA; Nehalem where the machine is a Sandybridge), torch's MKL to its
-# SSE2 "compatible" code path (MKL_CBWR, which MKL_VERBOSE shows honoured as CNR:COMPATIBLE),
-# ATen's vectorised kernels (torch reductions' summation order) to the scalar build
-if [ "${SLASOLVE_SKIP_KERNELS:-0}" = "0" ]; then
-  core=$(OPENBLAS_VERBOSE=2 "$PYTHON" -c "import numpy" 2>&1 | sed -n 's/^Core: //p')
-  alt=Sandybridge; [ "$core" = "Sandybridge" ] && alt=Nehalem
-  t0=$SECONDS; cpu_mark; c0=$cpu
-  echo "== eigen and SciPy-suite tests, other kernels (OpenBLAS $alt, machine's ${core:-unknown}; MKL compatible; ATen default; 2 threads)"
-  OPENBLAS_CORETYPE=$alt MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=2 \
-    timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider \
-    $kernel_files ${args[@]+"${args[@]}"} || status=1
-  took kernels "$t0" "$c0"
-fi
 # run_mpi N MARKS WHAT [scale] [PATHS...]: the marked tests (of PATHS, default the testpaths) on N
 # ranks under the timeout; a failure dumps the other ranks' logs
 run_mpi() {
@@ -190,6 +174,25 @@ ranks4_files=(test_dsparse.py test_halo.py test_partition.py test_dtensor.py tes
 ranks4_paths=()
 for f in "${ranks4_files[@]}"; do [ ! -f "tests/$f" ] || ranks4_paths+=("tests/$f"); done
 run_mpi 2 "mpi and not property" "MPI tests but the property ones"
+# the eigensolver and SciPy-suite tests again under other BLAS/LAPACK kernels and thread counts
+# than the machine's own, so a result that holds only on this CPU's kernels fails here, not on the
+# next machine (SLASOLVE_SKIP_KERNELS=1 skips it): OpenBLAS (NumPy, SciPy, PETSc) forced to the
+# Sandybridge kernels (no FMA; Nehalem where the machine is a Sandybridge), torch's MKL to its
+# SSE2 "compatible" code path (MKL_CBWR, which MKL_VERBOSE shows honoured as CNR:COMPATIBLE),
+# ATen's vectorised kernels (torch reductions' summation order) to the scalar build
+# It runs after the 2-rank step: its 2 OpenBLAS threads spin-wait when another process holds a core,
+# and the background checks run on into the step after the serial one: 171 s wall / 502 CPU s
+# beside them against ~85 s alone.
+if [ "${SLASOLVE_SKIP_KERNELS:-0}" = "0" ]; then
+  core=$(OPENBLAS_VERBOSE=2 "$PYTHON" -c "import numpy" 2>&1 | sed -n 's/^Core: //p')
+  alt=Sandybridge; [ "$core" = "Sandybridge" ] && alt=Nehalem
+  t0=$SECONDS; cpu_mark; c0=$cpu
+  echo "== eigen and SciPy-suite tests, other kernels (OpenBLAS $alt, machine's ${core:-unknown}; MKL compatible; ATen default; 2 threads)"
+  OPENBLAS_CORETYPE=$alt MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=2 \
+    timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider \
+    $kernel_files ${args[@]+"${args[@]}"} || status=1
+  took kernels "$t0" "$c0"
+fi
 run_mpi 3 "mpi and property" "property tests" "" tests/test_property_*.py
 run_mpi 4 "mpi and not property and not two_ranks" "the MPI tests of the files whose logic depends on the rank count beyond 2" \
   "" "${ranks4_paths[@]}"
