@@ -10,6 +10,7 @@ decides an answer on a guess.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 from typing import List, Optional
@@ -39,6 +40,8 @@ def _lib():
         vp = ctypes.c_void_p
         for name, args in (("MatSeqAIJGetArrayRead", [vp, ctypes.POINTER(vp)]),
                            ("MatSeqAIJRestoreArrayRead", [vp, ctypes.POINTER(vp)]),
+                           ("MatSeqAIJGetArray", [vp, ctypes.POINTER(vp)]),
+                           ("MatSeqAIJRestoreArray", [vp, ctypes.POINTER(vp)]),
                            ("MatMPIAIJGetSeqAIJ", [vp, ctypes.POINTER(vp), ctypes.POINTER(vp),
                                                    ctypes.POINTER(vp)])):
             fn = getattr(lib, name)
@@ -49,9 +52,42 @@ def _lib():
 
 
 def petsc_library():
-    """Local. The ``libpetsc`` of this process through ``ctypes`` (``MatSeqAIJGetArrayRead`` /
-    ``RestoreArrayRead`` and ``MatMPIAIJGetSeqAIJ`` typed), or None where it cannot be found."""
+    """Local. The ``libpetsc`` of this process through ``ctypes`` (``MatSeqAIJGetArray[Read]`` /
+    ``RestoreArray[Read]`` and ``MatMPIAIJGetSeqAIJ`` typed), or None where it cannot be found."""
     return _lib()
+
+
+@contextlib.contextmanager
+def aij_array_addresses(mat, n_blocks: int, writable: bool = False):
+    """Local. The addresses of a ``seqaij`` (one block) or ``mpiaij`` (diagonal, then
+    off-diagonal block) Mat's value arrays, held between ``MatSeqAIJGetArray[Read]`` and its
+    restore (restoring a writable array moves the block's state, so PETSc sees new values);
+    None when the library is missing, PETSc refuses, or the Mat has not ``n_blocks`` blocks."""
+    lib = _lib()
+    got, addresses = [], None
+    try:
+        if lib is not None:
+            get, restore = ((lib.MatSeqAIJGetArray, lib.MatSeqAIJRestoreArray) if writable else
+                            (lib.MatSeqAIJGetArrayRead, lib.MatSeqAIJRestoreArrayRead))
+            h = ctypes.c_void_p(mat.handle)
+            blocks = [h] if mat.getType() == "seqaij" else None
+            if blocks is None:
+                ad, ao, colmap = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+                if not lib.MatMPIAIJGetSeqAIJ(h, ctypes.byref(ad), ctypes.byref(ao), ctypes.byref(colmap)):
+                    blocks = [ad, ao]
+            if blocks is not None and len(blocks) == n_blocks:
+                addresses = []
+                for m in blocks:
+                    p = ctypes.c_void_p()
+                    if get(m, ctypes.byref(p)):
+                        addresses = None
+                        break
+                    got.append((m, p))
+                    addresses.append(p.value)
+        yield addresses
+    finally:
+        for m, p in got:
+            restore(m, ctypes.byref(p))
 
 
 class AIJValues:
@@ -93,37 +129,15 @@ class AIJValues:
         view = cls(mat, mat_type, offd_pos, nnz - offd_pos.size, int(offd_pos.size))
         return view if view.equal(values) else None
 
-    def _arrays(self, lib) -> Optional[List[tuple]]:
-        h = ctypes.c_void_p(self._mat.handle)
-        if self._type == "seqaij":
-            mats = [(h, self._n_diag)]
-        else:
-            ad, ao, colmap = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
-            if lib.MatMPIAIJGetSeqAIJ(h, ctypes.byref(ad), ctypes.byref(ao), ctypes.byref(colmap)):
-                return None
-            mats = [(ad, self._n_diag), (ao, self._n_offd)]
-        return mats
-
     def equal(self, values: np.ndarray) -> Optional[bool]:
         """Local. Whether the Mat holds exactly ``values`` (None: cannot tell; refill)."""
-        lib = _lib()
         if self._mat.getType() != self._type or values.size != self._n_diag + self._n_offd:
             return None
-        mats = self._arrays(lib)
-        if mats is None:
-            return None
-        ptrs, views = [], []
-        try:
-            for i, (m, count) in enumerate(mats):
-                p = ctypes.c_void_p()
-                if lib.MatSeqAIJGetArrayRead(m, ctypes.byref(p)):
-                    return None
-                ptrs.append((m, p))
-                views.append(self._view(i, p.value, count))
-            return self._compare(values, views)
-        finally:
-            for m, p in ptrs:
-                lib.MatSeqAIJRestoreArrayRead(m, ctypes.byref(p))
+        counts = [self._n_diag] if self._type == "seqaij" else [self._n_diag, self._n_offd]
+        with aij_array_addresses(self._mat, len(counts)) as addresses:
+            if addresses is None:
+                return None
+            return self._compare(values, [self._view(i, a, c) for i, (a, c) in enumerate(zip(addresses, counts))])
 
     def _view(self, i: int, address: Optional[int], count: int) -> np.ndarray:
         """Local. A NumPy view of the ``count`` doubles at ``address`` (block ``i``), kept while

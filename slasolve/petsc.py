@@ -219,9 +219,6 @@ class _AIJWriter:
         if lib is None or kind not in ("seqaij", "mpiaij") or vals.device.type != "cpu" \
                 or vals.dtype != torch.float64 or _ScalarType != np.float64:
             return None
-        for name in ("MatSeqAIJGetArray", "MatSeqAIJRestoreArray"):
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)], ctypes.c_int
         loc = dA.local
         n = vals.numel()
         if loc.is_block:
@@ -248,34 +245,12 @@ class _AIJWriter:
         """Local. ``fn(views)`` on writable NumPy views of the Mat's AIJ value arrays (diagonal block,
         then off-diagonal block; ``self._counts`` entries each), between Get/RestoreArray (the
         restore moves the blocks' state); None when PETSc refuses."""
-        from ._petsc_values import petsc_library
-        lib = petsc_library()
-        h = ctypes.c_void_p(self._mat.handle)
-        if self._mat.getType() == "seqaij":
-            mats = [h]
-        else:
-            ad, ao, colmap = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
-            if lib.MatMPIAIJGetSeqAIJ(h, ctypes.byref(ad), ctypes.byref(ao), ctypes.byref(colmap)):
+        from ._petsc_values import aij_array_addresses
+        with aij_array_addresses(self._mat, len(self._counts), writable=True) as addresses:
+            if addresses is None or any(c and not a for a, c in zip(addresses, self._counts)):
                 return None
-            mats = [ad, ao]
-        if len(mats) != len(self._counts):
-            return None
-        got = []
-        try:
-            views = []
-            for m, count in zip(mats, self._counts):
-                p = ctypes.c_void_p()
-                if lib.MatSeqAIJGetArray(m, ctypes.byref(p)):
-                    return None
-                got.append((m, p))
-                if count and not p.value:
-                    return None
-                views.append(np.frombuffer((ctypes.c_double * count).from_address(p.value), dtype=np.float64)
-                             if count else np.zeros(0))
-            return fn(views)
-        finally:
-            for m, p in got:
-                lib.MatSeqAIJRestoreArray(m, ctypes.byref(p))
+            return fn([np.frombuffer((ctypes.c_double * c).from_address(a), dtype=np.float64) if c else np.zeros(0)
+                       for a, c in zip(addresses, self._counts)])
 
     def write(self, values: torch.Tensor) -> bool:
         """Local. Write ``values`` (the tensor's, CPU float64) into the Mat's arrays; False when
