@@ -6,6 +6,7 @@ XDMF + HDF5 for slasolve's parallel reader.
     pip install gmsh                      # the optional extra: pip install 'slasolve[gmsh]'
     python examples/gmsh_bracket.py --size 0.1 --out bracket.msh
     mpirun -n 4 python examples/fem_solve.py --mesh bracket.xdmf --problem elasticity
+    python examples/gmsh_bracket.py --recombine       # 3-D: tetrahedra + pyramids, split into tetrahedra
 
 Physical groups: volume (3-D) / surface (2-D) 1 = the bracket; facets 1 = the clamped face
 (x = 0), 2 = the loaded face (x = length), 3 = the bolt holes.
@@ -16,7 +17,7 @@ import os
 
 
 def build(out: str, size: float = 0.1, dim: int = 3, length: float = 2.0, width: float = 1.0,
-          thickness: float = 0.25, hole: float = 0.15) -> str:
+          thickness: float = 0.25, hole: float = 0.15, recombine: bool = False) -> str:
     """Mesh the bracket with gmsh and write ``out`` (.msh v4.1, ASCII)."""
     import gmsh
 
@@ -52,6 +53,8 @@ def build(out: str, size: float = 0.1, dim: int = 3, length: float = 2.0, width:
                 gmsh.model.addPhysicalGroup(fdim, tags, value)
         gmsh.option.setNumber("Mesh.CharacteristicLengthMax", size)
         gmsh.option.setNumber("Mesh.MshFileVersion", 4.1)
+        if recombine:    # quads where gmsh can pair triangles: a mixed mesh
+            gmsh.option.setNumber("Mesh.RecombineAll", 1)
         gmsh.model.mesh.generate(dim)
         gmsh.write(out)
     finally:
@@ -65,14 +68,18 @@ def main():
     p.add_argument("--size", type=float, default=0.1, help="largest element size")
     p.add_argument("--dim", type=int, default=3, choices=(2, 3))
     p.add_argument("--no-convert", action="store_true", help="write the .msh only (needs gmsh only)")
+    p.add_argument("--recombine", action="store_true",
+                   help="recombine triangles into quads: a mixed mesh (2-D: triangles + quads; 3-D: "
+                        "tetrahedra + pyramids under the quads), split back into simplices when converted")
     a = p.parse_args()
-    build(a.out, a.size, a.dim)
+    build(a.out, a.size, a.dim, recombine=a.recombine)
     print(f"wrote {a.out}")
     if not a.no_convert:
         from slasolve.fem.xdmf import convert_mesh
 
         xdmf = os.path.splitext(a.out)[0] + ".xdmf"
-        convert_mesh(a.out, xdmf)
+        # 2-D recombination gives quads only (Q1); 3-D mixes tetrahedra and pyramids: P1 after a split
+        convert_mesh(a.out, xdmf, simplices=a.recombine and a.dim == 3)
         print(f"wrote {xdmf} (+ .h5): read it in parallel with slasolve.fem.read_mesh")
 
 

@@ -32,6 +32,7 @@ from .._comm import allreduce_int, check_collective, get_comm
 from ..placement import split_offsets
 from .cells import (CELL_DIM, CELL_FACETS, CELL_TYPES, CELL_VERTICES, CELLS_PER_BOX, HEX_BITS, KUHN_TETS,
                     MESHIO_DIM, ORIENTATION_FLIP, QUAD_BITS, TRI_BITS, signed_measure)
+from .simplex_split import SPLIT_TYPES, split_cells, split_facets
 
 __all__ = ["Mesh", "FacetTags", "box_mesh", "boundary_nodes", "read_mesh", "write_mesh", "read_pvtu"]
 
@@ -392,58 +393,81 @@ _MESHIO_FACET = {"triangle": "line", "quad": "line", "tetra": "triangle", "hexah
 _TAG_KEYS = ("gmsh:physical", "cell_tags", "medit:ref")
 
 
-def _meshio_arrays(path: str, who: str):
+def _meshio_arrays(path: str, who: str, simplices: bool = False):
     """Rank 0: ``(cell type, cells, points, cell tags or None, (facet vertices, facet tags) or None)``
     of a meshio-readable file, every problem a ``ValueError`` naming the file.
 
     The blocks of the highest-dimensional cells must all be of one supported type (several
-    blocks of it are concatenated, in file order); blocks one dimension lower carry facet
-    tags and must be of that type's facet type. Tags are the first of ``_TAG_KEYS`` present
-    (gmsh physical groups, ...); facet blocks without tags carry nothing and are dropped."""
+    blocks of it are concatenated, in file order), or, with ``simplices``, of any types
+    :func:`~slasolve.fem.simplex_split.split_cells` splits (then split into triangles or
+    tetrahedra, each keeping its cell's tag); blocks one dimension lower carry facet tags and
+    must be of that type's facet type (split alike). Tags are the first of ``_TAG_KEYS``
+    present (gmsh physical groups, ...); facet blocks without tags carry nothing and are
+    dropped."""
     m = _meshio_read(path)
     blocks = [(i, b.type, np.asarray(b.data)) for i, b in enumerate(m.cells) if len(b.data)]
     if not blocks:
         raise ValueError(f"{who}: {path!r} contains no cells")
     tdim = max(MESHIO_DIM.get(t, -1) for _, t, _ in blocks)
     types = sorted({t for _, t, _ in blocks if MESHIO_DIM.get(t, -1) == tdim})
-    if len(types) > 1:
-        raise ValueError(f"{who}: {path!r} mixes {tdim}-D cell types {types}: a Mesh holds one cell type "
-                         f"(one of {CELL_TYPES}); split the file into one mesh per type")
-    if types[0] not in CELL_DIM:
-        raise ValueError(f"{who}: {path!r} has {tdim}-D cells of type {types[0]!r}; supported: one of "
-                         f"{CELL_TYPES} (P1/Q1: no higher-order cells, wedges or pyramids)")
-    ct = types[0]
-    ftype = _MESHIO_FACET[ct]
+    if simplices:
+        unsupported = [t for t in types if t not in SPLIT_TYPES]
+        if unsupported:
+            raise ValueError(f"{who}: {path!r} has {tdim}-D cells of type {unsupported}; simplices=True splits "
+                             f"{sorted(SPLIT_TYPES)} (first order only)")
+        facet_types = ("line",) if tdim == 2 else ("triangle", "quad")
+    else:
+        if len(types) > 1:
+            raise ValueError(f"{who}: {path!r} mixes {tdim}-D cell types {types}: a Mesh holds one cell type "
+                             f"(one of {CELL_TYPES}); pass simplices=True to split every cell into "
+                             f"{'triangles' if tdim == 2 else 'tetrahedra'} (P1)")
+        if types[0] not in CELL_DIM:
+            hint = "; pass simplices=True to split them into tetrahedra (P1)" if types[0] in SPLIT_TYPES else ""
+            raise ValueError(f"{who}: {path!r} has {tdim}-D cells of type {types[0]!r}; supported: one of "
+                             f"{CELL_TYPES} (P1/Q1: no higher-order cells, wedges or pyramids){hint}")
+        facet_types = (_MESHIO_FACET[types[0]],)
     key = next((k for k in _TAG_KEYS if k in m.cell_data), None)
     lower = sorted({t for _, t, _ in blocks if MESHIO_DIM.get(t, -1) == tdim - 1})
-    if key is not None and any(t != ftype for t in lower):
-        raise ValueError(f"{who}: {path!r} has tagged facet elements {lower}; {ct} meshes need {ftype!r} facets")
+    if key is not None and any(t not in facet_types for t in lower):
+        raise ValueError(f"{who}: {path!r} has tagged facet elements {lower}; {'/'.join(types)} meshes need "
+                         f"{' or '.join(map(repr, facet_types))} facets")
 
-    def gather(kind):
-        sel = [(i, d) for i, t, d in blocks if t == kind]
-        cells = np.concatenate([d for _, d in sel]).astype(np.int64) if sel else None
+    def gather(kinds):
+        sel = [(i, t, d.astype(np.int64)) for i, t, d in blocks if t in kinds]
         tags = None
         if key is not None and sel:
-            tags = np.concatenate([np.asarray(m.cell_data[key][i]).reshape(-1) for i, _ in sel])
+            tags = np.concatenate([np.asarray(m.cell_data[key][i]).reshape(-1) for i, _, _ in sel])
             if not np.issubdtype(tags.dtype, np.integer):
                 raise ValueError(f"{who}: {path!r}: tags {key!r} must be integers, got {tags.dtype}")
             tags = tags.astype(np.int32)
-        return cells, tags
+        return [(t, d) for _, t, d in sel], tags
 
-    cells, ctags = gather(ct)
-    fcells, ftags = gather(ftype)
     points = np.asarray(m.points, dtype=np.float64)
-    if fcells is not None and ftags is None:
+    cell_blocks, ctags = gather(types)
+    facet_blocks, ftags = gather(facet_types)
+    for what, bl in (("cells", cell_blocks), ("facets", facet_blocks)):
+        if any(d.size and (d.min() < 0 or d.max() >= points.shape[0]) for _, d in bl):
+            raise ValueError(f"{who}: {path!r} has {what} referring to missing points")
+    if simplices:
+        ct, cells, points, parent = split_cells(cell_blocks, points)
+        ctags = None if ctags is None else ctags[parent]
+        if facet_blocks:
+            fcells, fparent = split_facets(facet_blocks)
+            ftags = None if ftags is None else ftags[fparent]
+    else:
+        ct, cells = types[0], np.concatenate([d for _, d in cell_blocks])
+        fcells = np.concatenate([d for _, d in facet_blocks]) if facet_blocks else None
+    if not facet_blocks or ftags is None:
         fcells = None
     return ct, cells, points, ctags, (None if fcells is None else (fcells, ftags))
 
 
-def _read_and_distribute(path, size: int, partition: str):
+def _read_and_distribute(path, size: int, partition: str, simplices: bool = False):
     """Rank 0: read, clean up, partition and split the mesh into one payload per rank."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"read_mesh: no such file: {path!r}")
-    cell, cells, points, ctags, ftags = _meshio_arrays(path, "read_mesh")
+    cell, cells, points, ctags, ftags = _meshio_arrays(path, "read_mesh", simplices)
     dim = CELL_DIM[cell]
     if points.ndim != 2 or points.shape[1] < dim:
         raise ValueError(f"read_mesh: {path!r} has {points.shape[-1]}-D points for {dim}-D {cell} cells")
@@ -537,7 +561,7 @@ def register_mesh_reader(suffixes: Tuple[str, ...], reader: Callable[..., "Mesh"
 
 
 def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, partition: Optional[str] = None,
-              dtype: torch.dtype = torch.float64) -> Mesh:
+              dtype: torch.dtype = torch.float64, simplices: bool = False) -> Mesh:
     """Collective. Read a mesh file and distribute it.
 
     **XDMF + HDF5** (``.xdmf``; as written by :func:`slasolve.fem.write_xdmf`, DOLFINx or
@@ -552,14 +576,15 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
     ``mesh.facet_tags``; ``mesh.original_ids`` / ``mesh.original_cell_ids`` give the
     file's point / cell index of each local node / cell. Grids of two cell types of the
     top dimension (mixed volume cells) raise ``ValueError`` naming the file and the types.
-    Convert other formats once with :func:`slasolve.fem.convert_mesh`.
+    Convert other formats once with :func:`slasolve.fem.convert_mesh` (with
+    ``simplices=True`` for mixed cell types).
 
     **Other formats**, and XDMF files with several cell blocks (a ``Mixed`` topology) or
     inline data (meshio on rank 0, for meshes that fit on one node): as follows.
     Rank 0 reads the file (only ``path`` on rank 0 is used) and keeps the block(s)
     of the highest-dimensional cell type (one of ``triangle``, ``quad``, ``tetra``,
     ``hexahedron``; two types of that dimension, e.g. triangles and quads, raise
-    ``ValueError`` naming the file and the types), with their tags (gmsh physical groups,
+    ``ValueError`` naming the file and the types, unless ``simplices``), with their tags (gmsh physical groups,
     ``cell_tags`` or ``medit:ref``) in ``mesh.cell_tags`` and the tagged blocks of
     their facet type (lines, triangles or quads) in ``mesh.facet_tags``, as
     :func:`slasolve.fem.convert_mesh` keeps them; points not used by those cells are dropped, and flat 2-D
@@ -576,15 +601,37 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
     truncated or unsupported one ``ValueError`` naming the file and the problem; on
     every rank. ``partition`` and ``dtype`` must be the same on every rank.
     ``mesh.original_ids`` gives each local node's index in the file's points.
+
+    **Mixed cell types** (``simplices=True``, this path only): the cells of the top dimension
+    may mix triangles and quads, or tetrahedra, hexahedra, wedges and pyramids (gmsh's
+    recombined, boundary-layer and hex-dominant meshes); every cell is split into triangles
+    or tetrahedra that fit together across cells and ranks
+    (:mod:`slasolve.fem.simplex_split`: quadrilateral faces cut along the diagonal through
+    their smallest point index; each hexahedron into 12 tetrahedra around a new point at its
+    vertex average, which gets a point index past the file's in ``original_ids``), keeping
+    each cell's tag on its pieces and splitting tagged quadrilateral facets alike. The mesh
+    is then P1 on simplices; Q1 on the quads or hexahedra of a mixed mesh is not supported
+    (a ``Mesh`` holds one cell type). For XDMF files read in parallel, split once with
+    ``convert_mesh(src, dst, simplices=True)`` instead (``simplices=True`` on such a file of
+    quads or hexahedra raises ``ValueError``).
     """
     comm = get_comm(comm)
+    check_collective(comm, None if isinstance(simplices, bool) else
+                     TypeError(f"simplices must be a bool, got {type(simplices).__name__}"),
+                     agree={"simplices": simplices})
     if isinstance(path, (str, os.PathLike)):
         for suffixes, accepts, reader in _PARALLEL_READERS:
             # a file the parallel reader does not take (meshio's XDMF with a Mixed topology or
             # inline data) falls through to meshio on rank 0
             if os.fspath(path).lower().endswith(suffixes) and allreduce_int(
                     comm, int(accepts is None or bool(accepts(path))), op=MPI.MIN):
-                return reader(path, comm=comm, partition=partition, dtype=dtype)
+                mesh = reader(path, comm=comm, partition=partition, dtype=dtype)
+                if simplices and mesh.cell_type not in ("triangle", "tetra"):
+                    # the cell type is the file's, the same on every rank
+                    raise ValueError(f"read_mesh: {os.fspath(path)!r} holds {mesh.cell_type} cells; simplices=True "
+                                     f"splits cells while reading other formats: convert the source mesh with "
+                                     f"convert_mesh(src, dst, simplices=True) and read dst")
+                return mesh
     if partition is None:
         partition = "metis"
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -597,7 +644,7 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
     result = None
     if rank == 0:
         try:
-            result = _read_and_distribute(path, size, partition)
+            result = _read_and_distribute(path, size, partition, simplices)
         except Exception as e:  # noqa: BLE001 - broadcast to every rank below
             err = e
     if size > 1:

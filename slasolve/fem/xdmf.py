@@ -1034,7 +1034,7 @@ def read_matrix(path: Union[str, os.PathLike], mesh: Mesh, name: str, step: Opti
 
 # --------------------------------------------------------------------------- conversion
 def convert_mesh(src: Union[str, os.PathLike], dst: Union[str, os.PathLike],
-                 comm: Optional[MPI.Comm] = None) -> str:
+                 comm: Optional[MPI.Comm] = None, simplices: bool = False) -> str:
     """Collective. Convert a mesh file (gmsh ``.msh`` v2/v4, VTK, ...) to XDMF + HDF5, once.
 
     Rank 0 reads ``src`` with meshio and writes ``dst`` (``.xdmf``) and its ``.h5``, which
@@ -1045,6 +1045,11 @@ def convert_mesh(src: Union[str, os.PathLike], dst: Union[str, os.PathLike],
     physical groups become facet tags. Other cell types of the top dimension (higher
     order, wedges, mixed volumes), or facet blocks of another type, raise ``ValueError``
     naming the file, on every rank. Returns ``dst``.
+
+    ``simplices=True``: cells of mixed types (triangles and quads; tetrahedra, hexahedra,
+    wedges and pyramids) are split into triangles or tetrahedra that fit together, with their
+    tags, as :func:`slasolve.fem.read_mesh` describes; the file then holds a P1 simplex mesh
+    that every later read takes in parallel.
 
     Why a conversion and not a parallel ``.msh`` reader: a ``.msh`` file stores nodes and
     elements in per-entity blocks of varying sizes (ASCII lines of varying lengths), so a
@@ -1057,13 +1062,15 @@ def convert_mesh(src: Union[str, os.PathLike], dst: Union[str, os.PathLike],
     err = None
     if not dst.endswith(".xdmf"):
         err = ValueError(f"convert_mesh: dst must name an .xdmf file, got {dst!r}")
-    check_collective(comm, err, agree={"src": src, "dst": dst})
+    elif not isinstance(simplices, bool):
+        err = TypeError(f"convert_mesh: simplices must be a bool, got {type(simplices).__name__}")
+    check_collective(comm, err, agree={"src": src, "dst": dst, "simplices": simplices})
     if comm.Get_rank() == 0:
         try:
             h5py = _h5py()
             if not os.path.exists(src):
                 raise FileNotFoundError(f"convert_mesh: no such file: {src!r}")
-            ct, cells, points, ctags, ftags = _meshio_arrays(src, "convert_mesh")
+            ct, cells, points, ctags, ftags = _meshio_arrays(src, "convert_mesh", simplices)
             dim = CELL_DIM[ct]
             if points.shape[1] > dim and np.all(points[:, dim:] == points[:1, dim:]):
                 points = points[:, :dim]
