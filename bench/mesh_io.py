@@ -16,6 +16,10 @@ Run (not under mpirun; it launches the workers itself):
    (``partition_quality``).
 3. When ``dolfinx`` is importable, the same file read with DOLFINx's ``XDMFFile.read_mesh``
    (default partitioner), same P, for the time side by side; otherwise reported as absent.
+   With ``--trials T`` every contender runs T times per P, in alternated order (reversed every
+   other trial, so load drift falls on both sides), and the time ratio slasolve (the first
+   method) / DOLFINx is taken per trial, adjacent runs paired: the median and min-max are
+   printed and kept in the JSON (``ratios``).
 
 The memory measured is the mesh path only: P=1's peak-minus-floor is the serial read's
 peak; the target is ``<= 2.5/P`` of it at P = 8. Oversubscribed runs (P > cores) measure
@@ -96,6 +100,7 @@ def main(argv=None):
     p.add_argument("--methods", nargs="+", default=["ptscotch", "metis"])
     p.add_argument("--gen-ranks", type=int, default=2, help="ranks that generate and write the mesh")
     p.add_argument("--timeout", type=int, default=1800)
+    p.add_argument("--trials", type=int, default=1, help="runs per contender and P, alternated")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     cache = os.environ.get("SLASOLVE_BENCH_CACHE", tempfile.gettempdir())
@@ -116,32 +121,45 @@ def main(argv=None):
         have_dolfinx = importlib.util.find_spec("dolfinx") is not None
     except ValueError:
         have_dolfinx = False
-    rows = []
+    rows, ratios = [], {}
     jobs = [("slasolve", m) for m in a.methods] + ([("dolfinx", "default")] if have_dolfinx else [])
     for n in a.ranks:
-        for kind, method in jobs:
-            out = os.path.join(tmp, f"{kind}_{method}_{n}.json")
-            r = mpirun(n, [work, kind, path, method, out], a.timeout)
-            if r.returncode or not os.path.exists(out):
-                print(f"P={n} {kind} {method}: FAILED\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}", flush=True)
-                continue
-            rec = json.load(open(out))
-            rec.update(P=n, kind=kind, method=method,
-                       mesh_mib=max(pk - fl for pk, fl in zip(rec["peak"], rec["floor"])))
-            rows.append(rec)
-            print(f"P={n:2d} {kind:8s} {method:8s} read {rec['time']:8.2f} s  mesh memory/rank "
-                  f"{rec['mesh_mib']:8.1f} MiB  edge cut {rec.get('edge_cut', '-')}  "
-                  f"imbalance {rec.get('imbalance', float('nan')):.3f}", flush=True)
-    serial = {r["method"]: r["mesh_mib"] for r in rows if r["P"] == 1 and r["kind"] == "slasolve"}
+        for trial in range(a.trials):
+            times = {}
+            for kind, method in (jobs if trial % 2 == 0 else jobs[::-1]):
+                out = os.path.join(tmp, f"{kind}_{method}_{n}_{trial}.json")
+                r = mpirun(n, [work, kind, path, method, out], a.timeout)
+                if r.returncode or not os.path.exists(out):
+                    print(f"P={n} {kind} {method}: FAILED\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}", flush=True)
+                    continue
+                rec = json.load(open(out))
+                rec.update(P=n, kind=kind, method=method, trial=trial,
+                           mesh_mib=max(pk - fl for pk, fl in zip(rec["peak"], rec["floor"])))
+                rows.append(rec)
+                times[kind, method] = rec["time"]
+                print(f"P={n:2d} {kind:8s} {method:8s} read {rec['time']:8.2f} s  mesh memory/rank "
+                      f"{rec['mesh_mib']:8.1f} MiB  edge cut {rec.get('edge_cut', '-')}  "
+                      f"imbalance {rec.get('imbalance', float('nan')):.3f}", flush=True)
+            first = ("slasolve", a.methods[0])
+            if first in times and ("dolfinx", "default") in times:
+                ratios.setdefault(n, []).append(times[first] / times["dolfinx", "default"])
+    if ratios:
+        print(f"\n  P  read time slasolve ({a.methods[0]}) / DOLFINx, per trial: median (min-max)")
+        for n, rs in ratios.items():
+            rs = sorted(rs)
+            print(f"{n:3d}  {rs[len(rs) // 2] if len(rs) % 2 else 0.5 * (rs[len(rs) // 2 - 1] + rs[len(rs) // 2]):.2f}"
+                  f" ({rs[0]:.2f}-{rs[-1]:.2f}), {len(rs)} trials")
+    first_trial = [r for r in rows if r["trial"] == 0]
+    serial = {r["method"]: r["mesh_mib"] for r in first_trial if r["P"] == 1 and r["kind"] == "slasolve"}
     for r in rows:
         if r["kind"] == "slasolve" and r["method"] in serial:
             r["memory_vs_serial_times_P"] = r["mesh_mib"] / serial[r["method"]] * r["P"]
-    metis = {r["P"]: r["edge_cut"] for r in rows if r["method"] == "metis"}
+    metis = {r["P"]: r["edge_cut"] for r in first_trial if r["method"] == "metis"}
     for r in rows:
         if r["method"] == "ptscotch" and metis.get(r["P"]):
             r["edge_cut_vs_metis"] = r["edge_cut"] / metis[r["P"]]
-    print("\n  P  method    mem/rank x P / serial   edge cut / METIS")
-    for r in rows:
+    print("\n  P  method    mem/rank x P / serial   edge cut / METIS   (first trial)")
+    for r in first_trial:
         if r["kind"] == "slasolve":
             print(f"{r['P']:3d}  {r['method']:8s}  {r.get('memory_vs_serial_times_P', float('nan')):10.2f}"
                   f"             {r.get('edge_cut_vs_metis', float('nan')):.3f}")
@@ -149,7 +167,8 @@ def main(argv=None):
         print("dolfinx: not importable here (optional in bench/): no side-by-side time")
     if a.json:
         with open(a.json, "w") as fh:
-            json.dump({"n": a.n, "rows": rows, "dolfinx": have_dolfinx}, fh, indent=1)
+            json.dump({"n": a.n, "rows": rows, "dolfinx": have_dolfinx, "trials": a.trials,
+                   "ratios": {str(k): v for k, v in ratios.items()}}, fh, indent=1)
 
 
 if __name__ == "__main__":
