@@ -55,6 +55,13 @@ columns, per-column history and callback, callable preconditioners, and the true
 continuation for a column PETSc called converged too early. Only ``maxiter=0`` (or
 ``-ksp_max_it 0``) falls back to one full single-column call per column.
 
+CG on several ranks runs PETSc's single-reduction variant (both inner products of a step in one
+Allreduce, plus the norm's: 2 per step instead of 3) when ``rtol >= 1e-10`` (or ``rtol >= 1``),
+and the classic variant at tighter tolerances, where the variant's recurrence for ``A p`` costs
+iterations near the attainable accuracy; one cached KSP switches per call
+(``KSPCGUseSingleReduction``). ``-ksp_cg_single_reduction`` in the options fixes the variant.
+One rank: the classic variant (no reduction to save).
+
 ``near_nullspace`` (``(n_local, m)``) is a hint for the preconditioners in
 ``_USES_NEAR_NULLSPACE`` (GAMG, ML; hypre's BoomerAMG and the others do not read it): the
 columns are orthonormalised collectively (Cholesky QR twice), made a ``MatNullSpace`` and
