@@ -153,6 +153,30 @@ class Pattern:
             self._mirror[offset] = (None if bool(inner.all()) else inner, perm)
         return self._mirror[offset]
 
+    def value_mirror(self, offset: int, b: int = 1) -> tuple:
+        """``(inner, perm)``: :meth:`mirror` over the flattened values of ``(b, b)`` blocks
+        (``b = 1``: scalar entries). ``values.reshape(-1)[perm]`` puts at each scalar entry
+        ``(i, j)`` of a block whose mirror block is stored here the entry ``(j, i)`` of that
+        mirror block, and leaves every other entry in place (so it equals ``values`` iff those
+        blocks are symmetric); int32 where it fits; None when a mirror is not stored."""
+        key = ("values", int(offset), int(b))
+        if key not in self._mirror:
+            inner, perm = self.mirror(offset)
+            full = None
+            if perm is not None:
+                n = self.nnz
+                dt = torch.int32 if n * b * b < 2 ** 31 else torch.int64
+                ij = torch.arange(b, dtype=torch.int64, device=self.device)
+                swap = (ij.view(1, 1, -1) * b + ij.view(1, -1, 1)).reshape(-1)   # (i, j) -> (j, i)
+                if inner is None:
+                    full = perm.view(-1, 1) * (b * b) + swap
+                else:
+                    full = torch.arange(n * b * b, dtype=torch.int64, device=self.device).view(n, b * b)
+                    full[inner] = torch.nonzero(inner).reshape(-1)[perm].view(-1, 1) * (b * b) + swap
+                full = full.reshape(-1).to(dt)
+            self._mirror[key] = (inner, full)
+        return self._mirror[key]
+
     def scalar(self, br: int, bc: int) -> tuple:
         """``(pattern_s, perm)``: the scalar CSR pattern of a BSR pattern with
         ``(br, bc)`` blocks; scalar values are ``values.reshape(*batch, -1)[..., perm]``."""

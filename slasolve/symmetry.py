@@ -38,18 +38,30 @@ def exactly_symmetric(dA) -> bool:
     Allreduce of three integers on several ranks, none on one.
     """
     L = dA._layout
-    loc = dA.local.scalar() if dA.local.is_block else dA.local
-    inner, perm = loc.pattern.mirror(L.rstart * L.br)
+    loc = dA.local
+    br, bc = loc.block_shape if loc.is_block else (1, 1)
+    if br != bc:   # rectangular blocks: compared entry by entry in scalar form
+        loc, br, bc = loc.scalar(), 1, 1
+    # block rows: the block pattern's mirror, each block against its mirror block transposed (no
+    # copy of the values to scalar form: A == A^T iff A_IJ == A_JI^T for every block pair); one
+    # flat gather over all entries (those mirrored on other ranks' rows map to themselves)
+    inner, perm = loc.pattern.value_mirror(L.rstart if loc.is_block else L.rstart * L.br, br)
     v = loc.values.detach()
-    v_in = v if inner is None else v[inner]
-    bad = perm is None or not torch.equal(v_in[perm], v_in)
+    flat = v.reshape(-1)
+    bad = perm is None or not torch.equal(flat.index_select(0, perm), flat)
     comm = dA.comm
     if comm.Get_size() == 1:
         return not bad
-    outer = torch.zeros_like(v, dtype=torch.bool) if inner is None else ~inner
-    rows = loc.pattern.rows()[outer].cpu().numpy().astype(np.uint64) + np.uint64(L.rstart * L.br)
+    outer = torch.zeros(v.shape[0], dtype=torch.bool, device=v.device) if inner is None else ~inner
+    roff = L.rstart * L.br
+    rows = loc.pattern.rows()[outer].cpu().numpy().astype(np.uint64)
     cols = loc.pattern.indices[outer].cpu().numpy().astype(np.uint64)
-    bits = np.ascontiguousarray(v[outer].cpu().numpy().astype(np.float64)).view(np.uint64)
+    if br > 1:   # the scalar entries of the interface blocks only: (block row, i) and (block col, j)
+        ij = np.arange(br, dtype=np.uint64)
+        rows = (rows[:, None, None] * np.uint64(br) + ij[None, :, None]).repeat(br, 2).reshape(-1)
+        cols = (cols[:, None, None] * np.uint64(br) + ij[None, None, :]).repeat(br, 1).reshape(-1)
+    rows = rows + np.uint64(roff)
+    bits = np.ascontiguousarray(v[outer].cpu().numpy().astype(np.float64)).reshape(-1).view(np.uint64)
     acc = np.zeros(3, dtype=np.uint64)
     acc[0] = bad
     with np.errstate(over="ignore"):

@@ -55,6 +55,13 @@ columns, per-column history and callback, callable preconditioners, and the true
 continuation for a column PETSc called converged too early. Only ``maxiter=0`` (or
 ``-ksp_max_it 0``) falls back to one full single-column call per column.
 
+CG on several ranks runs PETSc's single-reduction variant (both inner products of a step in one
+Allreduce, plus the norm's: 2 per step instead of 3) when ``rtol >= 1e-10`` (or ``rtol >= 1``),
+and the classic variant at tighter tolerances, where the variant's recurrence for ``A p`` costs
+iterations near the attainable accuracy; one cached KSP switches per call
+(``KSPCGUseSingleReduction``). ``-ksp_cg_single_reduction`` in the options fixes the variant.
+One rank: the classic variant (no reduction to save).
+
 ``near_nullspace`` (``(n_local, m)``) is a hint for the preconditioners in
 ``_USES_NEAR_NULLSPACE`` (GAMG, ML; hypre's BoomerAMG and the others do not read it): the
 columns are orthonormalised collectively (Cholesky QR twice), made a ``MatNullSpace`` and
@@ -67,6 +74,8 @@ preconditioner implementation is replaced (same type and options) and built from
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 import time
 from typing import Optional
@@ -113,6 +122,15 @@ _CG_ENTRIES = {"pc_gamg_esteig_ksp_type": "cg", "mg_levels_esteig_ksp_type": "cg
 # 8k-cell Poisson: 99 -> 42 Allreduces per set-up.
 _CG_ESTEIG_EXTRAS = {"pc_gamg_esteig_": {"ksp_norm_type": "natural"},
                      "mg_levels_esteig_": {"ksp_norm_type": "natural", "ksp_cg_single_reduction": "true"}}
+# CG on several ranks: PETSc's single-reduction variant (the two inner products of a step, z.r and
+# z.Az with A p kept by recurrence, in one Allreduce; the unpreconditioned norm keeps its own: 3 -> 2
+# Allreduces per step, the same MatMults and PC applications) for rtol >= this, the classic
+# variant below it. Its recurrence drifts near the attainable accuracy: top88's SIMP beams at
+# rtol 1e-12 (accepted at the rounding floor) needed up to 7 more iterations (89 -> 96, 300x100
+# holes, 2 ranks), while at rtol 1e-6, 1e-8 and 1e-10 every case took the same or fewer (104 -> 99).
+# Set per call (KSPCGUseSingleReduction, not wrapped by petsc4py 3.18), unless the options name
+# -ksp_cg_single_reduction; one rank: the classic variant (nothing to save).
+_SINGLE_REDUCTION_RTOL = 1e-10
 # preconditioners whose PETSc set-up fails (on the ranks holding it, inside collective
 # set-up) or divides by a zero diagonal entry
 _ROUNDING_FLOOR = 1e3 * 2.220446049250313e-16  # x eps (||b|| + ||A x||)
@@ -280,7 +298,20 @@ class PetscKrylov(KrylovSolver):
         with temporary_options(self._entries, options_prefix):
             ksp.setFromOptions()
             self._overrides = _read_overrides(options_prefix)
-        check_collective(self.comm, _diagonal_error(dA, ksp.getPC().getType()))  # before the collective set-up
+        # CG on several ranks, its variant not named in the options: this solver picks it per call
+        # (see _SINGLE_REDUCTION_RTOL, _cg_variant), alike on every rank (whether any rank cannot
+        # rides on the diagonal check's Allreduce). Single reduction from the first set-up on:
+        # KSPSetUp_CG allocates the variant's two extra work Vecs only when it is on then.
+        can = None
+        if method == "cg" and self.comm.Get_size() > 1:
+            can = ksp.getType() == "cg" and "ksp_cg_single_reduction" not in self._entries and \
+                not PETSc.Options(options_prefix).hasName("ksp_cg_single_reduction") and \
+                _cg_single_reduction_fn() is not None
+        cannot = check_collective(self.comm, _diagonal_error(dA, ksp.getPC().getType()),   # before the
+                                  flag=can is False)                                      # collective set-up
+        self._switch_cg, self._single = can is not None and not cannot, True
+        if self._switch_cg:
+            _cg_single_reduction_fn()(ksp.handle, 1)
         with temporary_options(self._entries, options_prefix):
             ksp.setUp()  # configuration errors surface here, inside the collective check
         self.ksp_type = ksp.getType()
@@ -393,6 +424,7 @@ class PetscKrylov(KrylovSolver):
             raise
         t1 = time.perf_counter()
         try:
+            self._cg_variant(ksp, absolute or r >= _SINGLE_REDUCTION_RTOL)
             with _log.phase("solve"):
                 if transpose:
                     ksp.solveTranspose(B, X)
@@ -414,6 +446,7 @@ class PetscKrylov(KrylovSolver):
             t2 = time.perf_counter()
             history = mon.history
         finally:
+            self._cg_variant(ksp, True)
             mon.history = mon.callback = None
             if near_nullspace is not None:   # else this call set none (see _apply_near_nullspace)
                 _clear_near_nullspace(ksp)
@@ -643,6 +676,7 @@ class PetscKrylov(KrylovSolver):
                 if absolute:
                     r, a = 0.0, max(r * bnorms[j], a)
                 ksp.setTolerances(rtol=r, atol=a, divtol=divtol, max_it=max_it)
+                self._cg_variant(ksp, absolute or r >= _SINGLE_REDUCTION_RTOL)
                 Bv.getArray()[:] = Bt[j].numpy()
                 Xv.getArray()[:] = Xt[j].numpy()
                 mon.history = [] if record_history else None
@@ -682,6 +716,7 @@ class PetscKrylov(KrylovSolver):
                     res[j][:3] = reason, its, rnorm
             t_verify = (time.perf_counter() - t1) / cols.size
         finally:
+            self._cg_variant(ksp, True)
             mon.history = mon.callback = None
             _clear_near_nullspace(ksp)
             Bv.destroy(), Xv.destroy()
@@ -749,6 +784,15 @@ class PetscKrylov(KrylovSolver):
                                                            comm=self.comm)
         return V
 
+    def _cg_variant(self, ksp, single: bool) -> None:
+        """Local (alike on every rank: ``single`` comes from the agreed tolerances). CG's
+        single-reduction variant on this solver's KSP when ``single``, else the classic one (see
+        ``_SINGLE_REDUCTION_RTOL``), where this solver switches it. Between calls it rests on
+        single reduction, the variant it was set up with."""
+        if self._switch_cg and ksp is self.ksp and self._single != single:
+            _cg_single_reduction_fn()(ksp.handle, int(single))
+            self._single = single
+
     def _set_reuse(self, ksp, reuse: bool) -> None:
         """Local. PETSc's ``PCSetReusePreconditioner`` for this call, remembered for the set-up
         stamp (a set-up that kept the old preconditioner is not one for the current values)."""
@@ -776,6 +820,19 @@ class PetscKrylov(KrylovSolver):
 
 
 _VERIFY_ROUNDS = 20
+
+
+@functools.lru_cache(maxsize=None)
+def _cg_single_reduction_fn():
+    """Local. ``KSPCGUseSingleReduction(ksp_handle, flag)`` of this process's ``libpetsc``
+    (``ctypes``; not wrapped by petsc4py 3.18), or None where it cannot be found."""
+    from .._petsc_values import petsc_library
+    lib = petsc_library()
+    fn = getattr(lib, "KSPCGUseSingleReduction", None) if lib is not None else None
+    if fn is None:
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int], ctypes.c_int
+    return fn
 
 
 def _cpu64(t: torch.Tensor) -> torch.Tensor:
