@@ -103,14 +103,8 @@ t_all=$SECONDS; cpu_mark; c_all=$cpu
 workers=$cores
 [ -z "${SLASOLVE_XDIST:-}" ] || [ "$SLASOLVE_XDIST" -ge "$workers" ] 2>/dev/null || workers=${SLASOLVE_XDIST}
 xdist=()
-# test_observability's count of PETSc's KSPSolve event inside slasolve's stage failed once on a
-# worker that had run other files first (it passes alone, after test_direct.py, after
-# test_errors/test_adjoint_safety/test_call_history, and after everything in collection order;
-# cause not found): it runs in a process of its own after the others
-alone=(tests/test_observability.py)
 if [ "$workers" -ge 2 ] 2>/dev/null && "$PYTHON" -c "import xdist" 2>/dev/null; then
   xdist=(-n "$workers" --dist loadfile)
-  [ "$user_paths" = 1 ] || for f in "${alone[@]}"; do [ ! -f "$f" ] || xdist+=(--ignore "$f"); done
   echo "== serial (MPI tests at size 1; $workers pytest-xdist workers, whole files each)"
 else
   echo "== serial (1 process, MPI tests at size 1)"
@@ -129,10 +123,6 @@ if [ "${SLASOLVE_SKIP_SCALE:-0}" = "0" ]; then
 fi
 SLASOLVE_DESELECT_MPI_IN=$deselect_mpi timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider $durations \
   ${xdist[@]+"${xdist[@]}"} ${serial_only[@]+"${serial_only[@]}"} ${args[@]+"${args[@]}"} || status=1
-if [ ${#xdist[@]} -gt 0 ] && [ "$user_paths" = 0 ]; then
-  timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider $durations \
-    "${alone[@]}" ${args[@]+"${args[@]}"} || status=1
-fi
 took serial "$t0" "$c0"
 # run_mpi N MARKS WHAT [scale] [PATHS...]: the marked tests (of PATHS, default the testpaths) on N
 # ranks under the timeout; a failure dumps the other ranks' logs
