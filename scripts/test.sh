@@ -163,7 +163,7 @@ ranks4_files=(test_dsparse.py test_halo.py test_partition.py test_dtensor.py tes
               test_tight_tolerance.py test_scipy_defaults.py test_taylor.py test_timestepping.py)
 ranks4_paths=()
 for f in "${ranks4_files[@]}"; do [ ! -f "tests/$f" ] || ranks4_paths+=("tests/$f"); done
-run_mpi 2 "mpi and not property" "MPI tests but the property ones"
+run_mpi 2 "mpi and not property and not once" "MPI tests but the property ones and those marked once"
 # the eigensolver and SciPy-suite tests again under other BLAS/LAPACK kernels and thread counts
 # than the machine's own, so a result that holds only on this CPU's kernels fails here, not on the
 # next machine (SLASOLVE_SKIP_KERNELS=1 skips it): OpenBLAS (NumPy, SciPy, PETSc) forced to the
@@ -179,12 +179,12 @@ if [ "${SLASOLVE_SKIP_KERNELS:-0}" = "0" ]; then
   t0=$SECONDS; cpu_mark; c0=$cpu
   echo "== eigen and SciPy-suite tests, other kernels (OpenBLAS $alt, machine's ${core:-unknown}; MKL compatible; ATen default; 2 threads)"
   OPENBLAS_CORETYPE=$alt MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=2 \
-    timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider \
-    $kernel_files ${args[@]+"${args[@]}"} || status=1
+    timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider $durations \
+    -m "not once" $kernel_files ${args[@]+"${args[@]}"} || status=1
   took kernels "$t0" "$c0"
 fi
 run_mpi 3 "mpi and property" "property tests" "" tests/test_property_*.py
-run_mpi 4 "mpi and not property and not two_ranks" "the MPI tests of the files whose logic depends on the rank count beyond 2" \
+run_mpi 4 "mpi and not property and not two_ranks and not once" "the MPI tests of the files whose logic depends on the rank count beyond 2" \
   "" "${ranks4_paths[@]}"
 # scale evidence past the machine's cores: the property tests (differential against SciPy/LAPACK:
 # the same answers as one rank; SPMD hangs) oversubscribed at 8 ranks by default (SLASOLVE_SKIP_SCALE=1
