@@ -135,8 +135,10 @@ run_mpi() {
   echo "== mpirun -n $1 ($3; $threads thread(s) per rank)"
   rm -f .pytest-mpi/rank-*.log   # the failure dump below shows this run's ranks only
   # past the cores (scale evidence: answers and no hangs) fewer examples per property than the CI
-  # slice, unless given (SLASOLVE_SCALE_EXAMPLES, default 4; the full set keeps its own)
-  if [ "${4:-}" = "scale" ] && [ -z "$examples" ] && [ "$full" = "0" ]; then examples=${SLASOLVE_SCALE_EXAMPLES:-4}; fi
+  # slice, unless given (SLASOLVE_SCALE_EXAMPLES, default 2, and every explicit example: each
+  # property and parametrisation runs at 8 ranks; the 3-rank step draws the CI slice; 4 examples
+  # took the 8-rank step's torch eigsh properties 13-20 s each, quiet; the full set keeps its own)
+  if [ "${4:-}" = "scale" ] && [ -z "$examples" ] && [ "$full" = "0" ]; then examples=${SLASOLVE_SCALE_EXAMPLES:-2}; fi
   # every rank imports and collects what it is given (the whole suite: ~7 CPU s a rank, cached
   # bytecode; the property files alone: ~4.5), so a step that runs a few files names them
   local paths=()
@@ -195,7 +197,7 @@ seen=" "
 for n in $scale_ranks; do
   case "$seen" in *" $n "*) continue;; esac   # "8" given twice runs once
   seen="$seen$n "
-  run_mpi "$n" "mpi and (property or scale)" "property and scale tests, oversubscribed, ${SLASOLVE_SCALE_EXAMPLES:-4} examples each; SLASOLVE_SKIP_SCALE / SLASOLVE_SCALE_RANKS" \
+  run_mpi "$n" "mpi and (property or scale)" "property and scale tests, oversubscribed, ${SLASOLVE_SCALE_EXAMPLES:-2} examples each; SLASOLVE_SKIP_SCALE / SLASOLVE_SCALE_RANKS" \
     scale tests/test_property_*.py tests/test_scale.py
 done
 wait "$bg_pid"
