@@ -103,14 +103,8 @@ t_all=$SECONDS; cpu_mark; c_all=$cpu
 workers=$cores
 [ -z "${SLASOLVE_XDIST:-}" ] || [ "$SLASOLVE_XDIST" -ge "$workers" ] 2>/dev/null || workers=${SLASOLVE_XDIST}
 xdist=()
-# test_observability's count of PETSc's KSPSolve event inside slasolve's stage failed once on a
-# worker that had run other files first (it passes alone, after test_direct.py, after
-# test_errors/test_adjoint_safety/test_call_history, and after everything in collection order;
-# cause not found): it runs in a process of its own after the others
-alone=(tests/test_observability.py)
 if [ "$workers" -ge 2 ] 2>/dev/null && "$PYTHON" -c "import xdist" 2>/dev/null; then
   xdist=(-n "$workers" --dist loadfile)
-  [ "$user_paths" = 1 ] || for f in "${alone[@]}"; do [ ! -f "$f" ] || xdist+=(--ignore "$f"); done
   echo "== serial (MPI tests at size 1; $workers pytest-xdist workers, whole files each)"
 else
   echo "== serial (1 process, MPI tests at size 1)"
@@ -129,10 +123,6 @@ if [ "${SLASOLVE_SKIP_SCALE:-0}" = "0" ]; then
 fi
 SLASOLVE_DESELECT_MPI_IN=$deselect_mpi timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider $durations \
   ${xdist[@]+"${xdist[@]}"} ${serial_only[@]+"${serial_only[@]}"} ${args[@]+"${args[@]}"} || status=1
-if [ ${#xdist[@]} -gt 0 ] && [ "$user_paths" = 0 ]; then
-  timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider $durations \
-    "${alone[@]}" ${args[@]+"${args[@]}"} || status=1
-fi
 took serial "$t0" "$c0"
 # run_mpi N MARKS WHAT [scale] [PATHS...]: the marked tests (of PATHS, default the testpaths) on N
 # ranks under the timeout; a failure dumps the other ranks' logs
@@ -145,8 +135,10 @@ run_mpi() {
   echo "== mpirun -n $1 ($3; $threads thread(s) per rank)"
   rm -f .pytest-mpi/rank-*.log   # the failure dump below shows this run's ranks only
   # past the cores (scale evidence: answers and no hangs) fewer examples per property than the CI
-  # slice, unless given (SLASOLVE_SCALE_EXAMPLES, default 4; the full set keeps its own)
-  if [ "${4:-}" = "scale" ] && [ -z "$examples" ] && [ "$full" = "0" ]; then examples=${SLASOLVE_SCALE_EXAMPLES:-4}; fi
+  # slice, unless given (SLASOLVE_SCALE_EXAMPLES, default 2, and every explicit example: each
+  # property and parametrisation runs at 8 ranks; the 3-rank step draws the CI slice; 4 examples
+  # took the 8-rank step's torch eigsh properties 13-20 s each, quiet; the full set keeps its own)
+  if [ "${4:-}" = "scale" ] && [ -z "$examples" ] && [ "$full" = "0" ]; then examples=${SLASOLVE_SCALE_EXAMPLES:-2}; fi
   # every rank imports and collects what it is given (the whole suite: ~7 CPU s a rank, cached
   # bytecode; the property files alone: ~4.5), so a step that runs a few files names them
   local paths=()
@@ -173,7 +165,7 @@ ranks4_files=(test_dsparse.py test_halo.py test_partition.py test_dtensor.py tes
               test_tight_tolerance.py test_scipy_defaults.py test_taylor.py test_timestepping.py)
 ranks4_paths=()
 for f in "${ranks4_files[@]}"; do [ ! -f "tests/$f" ] || ranks4_paths+=("tests/$f"); done
-run_mpi 2 "mpi and not property" "MPI tests but the property ones"
+run_mpi 2 "mpi and not property and not once" "MPI tests but the property ones and those marked once"
 # the eigensolver and SciPy-suite tests again under other BLAS/LAPACK kernels and thread counts
 # than the machine's own, so a result that holds only on this CPU's kernels fails here, not on the
 # next machine (SLASOLVE_SKIP_KERNELS=1 skips it): OpenBLAS (NumPy, SciPy, PETSc) forced to the
@@ -189,12 +181,12 @@ if [ "${SLASOLVE_SKIP_KERNELS:-0}" = "0" ]; then
   t0=$SECONDS; cpu_mark; c0=$cpu
   echo "== eigen and SciPy-suite tests, other kernels (OpenBLAS $alt, machine's ${core:-unknown}; MKL compatible; ATen default; 2 threads)"
   OPENBLAS_CORETYPE=$alt MKL_CBWR=COMPATIBLE ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=2 \
-    timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider \
-    $kernel_files ${args[@]+"${args[@]}"} || status=1
+    timeout "$run_timeout" "$PYTHON" -m pytest -q --color=no --with-mpi -p no:cacheprovider $durations \
+    -m "not once" $kernel_files ${args[@]+"${args[@]}"} || status=1
   took kernels "$t0" "$c0"
 fi
 run_mpi 3 "mpi and property" "property tests" "" tests/test_property_*.py
-run_mpi 4 "mpi and not property and not two_ranks" "the MPI tests of the files whose logic depends on the rank count beyond 2" \
+run_mpi 4 "mpi and not property and not two_ranks and not once" "the MPI tests of the files whose logic depends on the rank count beyond 2" \
   "" "${ranks4_paths[@]}"
 # scale evidence past the machine's cores: the property tests (differential against SciPy/LAPACK:
 # the same answers as one rank; SPMD hangs) oversubscribed at 8 ranks by default (SLASOLVE_SKIP_SCALE=1
@@ -205,7 +197,7 @@ seen=" "
 for n in $scale_ranks; do
   case "$seen" in *" $n "*) continue;; esac   # "8" given twice runs once
   seen="$seen$n "
-  run_mpi "$n" "mpi and (property or scale)" "property and scale tests, oversubscribed, ${SLASOLVE_SCALE_EXAMPLES:-4} examples each; SLASOLVE_SKIP_SCALE / SLASOLVE_SCALE_RANKS" \
+  run_mpi "$n" "mpi and (property or scale)" "property and scale tests, oversubscribed, ${SLASOLVE_SCALE_EXAMPLES:-2} examples each; SLASOLVE_SKIP_SCALE / SLASOLVE_SCALE_RANKS" \
     scale tests/test_property_*.py tests/test_scale.py
 done
 wait "$bg_pid"

@@ -22,6 +22,9 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "property: hypothesis property-based differential test "
                                        "(tests/test_property_*.py, docs/testing.md)")
+    config.addinivalue_line("markers", "once: a test whose check depends on neither the rank count nor the "
+                                       "BLAS kernels (a fresh interpreter of its own, a memory-leak count): "
+                                       "scripts/test.sh runs it in its serial step only (docs/testing.md)")
     # the options travel to slasolve.testing.property_config through the environment, so a
     # plain `SLASOLVE_PROPERTY_FULL=1 pytest ...` and `pytest --property-full` do the same
     if config.getoption("--property-full"):

@@ -453,6 +453,7 @@ NO_PETSC = textwrap.dedent("""
 """)
 
 
+@pytest.mark.once   # one local subprocess, the same at every size: scripts/test.sh runs it at 1 rank only
 def test_without_petsc4py(comm):
     if comm.rank != 0:  # a local subprocess; every rank asserts the same outcome below
         ok = comm.bcast(None, root=0)

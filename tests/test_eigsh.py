@@ -728,6 +728,7 @@ def test_settings_must_agree_on_every_rank(comm):
     np.testing.assert_allclose(w.numpy(), analytic((6, 5))[:2], rtol=1e-8)
 
 
+@pytest.mark.once   # a memory count: not again under the other BLAS kernels
 @pytest.mark.timeout(120)
 def test_no_petsc_object_leak():
     """200 calls (SLEPc, with and without shift-invert): the process memory stays flat

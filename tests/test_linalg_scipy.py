@@ -317,6 +317,7 @@ print("ok")
 """
 
 
+@pytest.mark.once   # a subprocess that hides petsc4py: not again under the other BLAS kernels
 def test_without_petsc4py():
     import subprocess
     import sys
