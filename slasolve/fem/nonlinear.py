@@ -48,6 +48,7 @@ import torch
 
 from .._comm import check_collective
 from ..dsparse import DSparseTensor
+from ..nonlinear.problem import solver_iterate
 from ..sparse import all_finite, all_finite_np
 from . import elements as _el
 from .assembly import Assembler
@@ -321,7 +322,19 @@ class NonlinearProblem:
             r = _sum_into(remote_slot, flat.take(remote), sp.n_remote)
             r = sp.nnz_plan.reverse_raw(torch.from_numpy(r)).numpy()
             v = v + np.where(zero, 0.0, r)
-        return sp.template.with_values(torch.from_numpy(v))
+        return self._np_checked_values(sp.template, v)
+
+    def _np_checked_values(self, template: DSparseTensor, v: np.ndarray, err: Optional[Exception] = None
+                           ) -> DSparseTensor:
+        """Collective. ``template`` with the tangent values ``v`` (its shape, float64), checked
+        finite in one collective check together with ``err`` (this rank's problem found while
+        computing them, e.g. inverted cells): :meth:`DSparseTensor.with_values`'s reduction,
+        without its checks of what this class made itself (shape, dtype)."""
+        if err is None and not all_finite_np(v):
+            err = ValueError("the tangent has NaN or infinite values (the state or the coefficients "
+                             "overflow)")
+        check_collective(self.comm, err)
+        return template._with_checked_values(torch.from_numpy(v))
 
     def _np_block_slots(self) -> np.ndarray:
         """Local. Vector spaces: the matrix slot (``< nnz``: owned block, else ``nnz +`` remote
@@ -346,11 +359,12 @@ class NonlinearProblem:
             self._np_tslots = t
         return self._np_tslots
 
-    def _np_finish_block_jacobian(self, V: np.ndarray) -> DSparseTensor:
+    def _np_finish_block_jacobian(self, V: np.ndarray, err: Optional[Exception] = None) -> DSparseTensor:
         """Collective. :meth:`_finish_jacobian` of element tangents already summed per matrix slot:
         ``V`` ``(nnz + n_remote, bs, bs)``, the owned blocks then the entries of other ranks' rows
         (the sums :meth:`Assembler._assemble_slots` makes), on NumPy arrays; the same Dirichlet
-        elimination and scalar (AIJ) or block layout."""
+        elimination and scalar (AIJ) or block layout. ``err``: this rank's problem found while
+        computing ``V``, raised on every rank by the values' own collective check."""
         sp = self.space
         nnz = sp.nnz
         v = V[:nnz]
@@ -365,11 +379,11 @@ class NonlinearProblem:
             if diag is not None:
                 v += diag
         if self.block_jacobian:
-            return sp.template.with_values(torch.from_numpy(v))
+            return self._np_checked_values(sp.template, v, err)
         T, perm = self._scalar_layout(sp.template)
         if self._np_perm is None:
             self._np_perm = perm.cpu().numpy()
-        return T.with_values(torch.from_numpy(v.reshape(-1).take(self._np_perm)))
+        return self._np_checked_values(T, v.reshape(-1).take(self._np_perm), err)
 
     def _constant_data_key(self):
         """Local. A key of the source and Neumann data when all of them are plain numbers (or
@@ -566,7 +580,20 @@ class NonlinearProblem:
     def _inputs(self, u, *params, numpy: bool = False):
         """Collective. Check ``u`` and convert the ``(name, value, default)`` coefficients, with one
         collective check for all of them (one Allreduce per residual / tangent); ``numpy``: as
-        NumPy arrays, for the no-autograd path (:meth:`_fast`)."""
+        NumPy arrays, for the no-autograd path (:meth:`_fast`). At a nonlinear solver's own iterate
+        with the parameters its evaluations at ``u0`` checked (:func:`solver_iterate`, the same
+        answer on every rank) nothing is checked again: no reduction."""
+        values = tuple(value for _, value, _ in params)
+        if solver_iterate(u, values) and not any(  # a callable coefficient may answer differently
+                callable(d if v is None else v) and not isinstance(d if v is None else v, torch.Tensor)
+                for _, v, d in params):
+            out = []
+            for name, value, default in params:
+                v, err = self._param_local(name, value, default, numpy)
+                if err is not None:   # not reached: the same values passed at u0 on every rank
+                    raise err
+                out.append(v)
+            return out
         err = self._u_error(u, numpy)
         out = []
         for name, value, default in params:
