@@ -114,7 +114,7 @@ class Problem:
                 raise err
         else:
             check_collective(self.comm, err)   # also when not checking: a raise on one rank ends it everywhere
-        return r.detach()
+        return r.detach() if r.requires_grad else r
 
     def residual_local(self, u: torch.Tensor):
         """Local (the user's function may communicate: call it on every rank alike). ``(r, None)``
@@ -133,7 +133,7 @@ class Problem:
             else:
                 if self._one_owner:
                     self._checked_u = u
-                return r.detach(), None
+                return (r.detach() if r.requires_grad else r), None
         return None, err
 
     @property
@@ -187,6 +187,13 @@ class Problem:
             err = pending   # the residual's problem comes first
         elif err is not None:
             pass
+        elif self._pattern is not None and type(J) is DSparseTensor and J._layout is self._pattern[0] \
+                and J.comm is self._pattern[3]:
+            # the first Jacobian's layout and communicator: its shape, rows and columns were checked then
+            if J.local.is_block:
+                err = ValueError("jacobian must return a scalar (non-block) DSparseTensor")
+            elif J.dtype != self.dtype:
+                err = TypeError(f"jacobian returned dtype {J.dtype}, u0 is {self.dtype}")
         elif not isinstance(J, DSparseTensor) or not J.is_row_shard:
             err = TypeError(f"jacobian must return a row-sharded DSparseTensor, got {type(J).__name__}")
         elif MPI.Comm.Compare(J.comm, self.comm) not in (MPI.IDENT, MPI.CONGRUENT):
@@ -213,5 +220,5 @@ class Problem:
         else:
             check_collective(self.comm, err)
         if self._pattern is None:
-            self._pattern = (J._layout, J.local.indptr, J.local.indices)
-        return J.detach()
+            self._pattern = (J._layout, J.local.indptr, J.local.indices, J.comm)
+        return J.detach() if J.values.requires_grad else J
