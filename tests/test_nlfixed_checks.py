@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import slasolve
+from mpi4py import MPI
 from slasolve.fem import Assembler, DirichletBC, NeoHookean, NonlinearDiffusion, boundary_dofs, box_mesh
 from slasolve.fem import nonlinear as fem_nonlinear
 from slasolve.nonlinear.problem import solver_iterate
@@ -15,8 +16,15 @@ from slasolve.nonlinear.problem import solver_iterate
 pytestmark = pytest.mark.mpi
 F64 = torch.float64
 LS = dict(method="gmres", pc="gamg", rtol=1e-10)
-# LU: runs compared bit for bit (a kept SNES's GAMG reuses the previous run's prolongators)
+# LU: runs compared to rounding (a kept SNES's GAMG reuses the previous run's prolongators; MUMPS
+# at 3+ ranks need not repeat itself bit for bit)
 LU = dict(method="direct")
+
+
+def _close(u, ref, comm, rel=1e-10):
+    err = comm.allreduce(float((u - ref).abs().max()) if u.numel() else 0.0, op=MPI.MAX)
+    scale = comm.allreduce(float(ref.abs().max()) if ref.numel() else 0.0, op=MPI.MAX)
+    return err <= rel * scale
 
 
 def _diffusion(comm, n=8):
@@ -55,8 +63,10 @@ def test_checks_once_per_solve_same_answers(comm, monkeypatch):
     count = _Counting(monkeypatch)
     u, info = slasolve.nonlinear_solve(P.residual, sp.zeros(), kappa, jacobian=P.jacobian, rtol=1e-10,
                                        linear_solver=LU, return_info=True)
-    assert torch.equal(u, ref) and info.iterations == iref.iterations
-    assert info.residual_history == iref.residual_history
+    assert info.iterations == iref.iterations and _close(u, ref, comm)
+    # the histories agree to rounding (the last entries sit at the rounding floor of ||F||)
+    h, href = torch.tensor(info.residual_history), torch.tensor(iref.residual_history)
+    assert float((h - href).abs().max()) <= 1e-10 * float(href[0])
     # F(u0)'s input check, then each Jacobian's values check (J(u0) shares F(u0)'s input check)
     assert count.calls == 1 + info.jacobian_evaluations
     assert count.calls < iref.function_evaluations + 2 * iref.jacobian_evaluations
@@ -108,5 +118,5 @@ def test_solid_with_inverting_trial_steps_matches_checked_run(comm):
     ref, iref = slasolve.nonlinear_solve(lambda v: P.residual(v.clone()), sp.zeros(),
                                          jacobian=lambda v: P.jacobian(v.clone()), **kw)
     u, info = slasolve.nonlinear_solve(P.residual, sp.zeros(), jacobian=P.jacobian, **kw)
-    assert info.converged and info.iterations == iref.iterations
-    assert torch.equal(u, ref)
+    assert info.converged and iref.converged and abs(info.iterations - iref.iterations) <= 1
+    assert _close(u, ref, comm, 1e-8)
