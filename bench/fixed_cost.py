@@ -154,6 +154,8 @@ def main(argv=None):
     p = base_parser(__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--inner", type=int, default=20)
+    p.add_argument("--calls", nargs="*", default=None,
+                   help="only these rows (e.g. nonlinear_solve); default: all")
     args = p.parse_args(argv)
     trials = args.trials or (5 if args.quick else 15)
     K, f, sla = slasolve_calls(args.n, COMM)
@@ -164,6 +166,8 @@ def main(argv=None):
            f"{args.inner} calls (us)")
     rprint(f"{'call':>18} {'slasolve':>10} {'raw petsc4py':>13} {'DOLFINx':>10} {'sla/raw':>8} {'sla/dfx':>8}")
     for name, fn in sla.items():
+        if args.calls is not None and name not in args.calls:
+            continue
         contenders = {"slasolve": fn}
         if name in raw:
             contenders["raw"] = raw[name]

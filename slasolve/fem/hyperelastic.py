@@ -42,6 +42,7 @@ from ..dsparse import DSparseTensor
 from . import elements as _el
 from .assembly import Assembler
 from .bc import DirichletBC
+from ..nonlinear.problem import solver_iterate
 from .nonlinear import NonlinearProblem, checked_collectively
 
 __all__ = ["NeoHookean", "neo_hookean_stress", "neo_hookean_tangent", "neo_hookean_energy"]
@@ -203,14 +204,20 @@ class NeoHookean(NonlinearProblem):
             J = _el._det(F)
         return F, self._inverted(J, raise_on_inverted)
 
+    @staticmethod
+    def _inversion_error(J) -> Optional[ValueError]:
+        """Local. The problem with this rank's determinants ``J`` (torch or NumPy), or None."""
+        bad = int((J <= 0).sum())
+        if not bad:
+            return None
+        return ValueError(f"{bad} quadrature point(s) with det F <= 0 (min {float(J.min()):.3e}): "
+                          "the displacement inverts elements")
+
     def _inverted(self, J, raise_on_inverted: bool) -> bool:
         """Collective. Whether some rank has a determinant ``J <= 0`` (this rank's: a torch tensor
         or NumPy array, no autograd); with ``raise_on_inverted`` a ``ValueError`` on every rank then."""
-        bad = int((J <= 0).sum())
-        err = None
-        if bad:
-            err = ValueError(f"{bad} quadrature point(s) with det F <= 0 (min {float(J.min()):.3e}): "
-                             "the displacement inverts elements")
+        err = self._inversion_error(J)
+        bad = 0 if err is None else int((J <= 0).sum())
         if raise_on_inverted:
             check_collective(self.comm, err)
             return False
@@ -243,33 +250,44 @@ class NeoHookean(NonlinearProblem):
             F[i, i] += 1.0
         return F
 
-    def _np_residual(self, u: torch.Tensor, mu: np.ndarray, lmbda: np.ndarray) -> torch.Tensor:
-        """Collective. :meth:`residual` on simplices without autograd (the same formulas in NumPy)."""
+    def _np_residual(self, u: torch.Tensor, mu: np.ndarray, lmbda: np.ndarray, at_iterate: bool = False
+                     ) -> torch.Tensor:
+        """Collective. :meth:`residual` on simplices without autograd (the same formulas in NumPy).
+        ``at_iterate`` (a solver's own iterate, the same on every rank): with ``on_inversion="nan"``
+        only the ranks with inverted cells return NaN, with no reduction (the solver's norm of the
+        residual is NaN on every rank all the same)."""
         un = u.detach().numpy()
         F = self._np_F(self._np_lift(un))
         det = _np_det(F)
-        if self._inverted(det, self.on_inversion == "raise"):
+        local = at_iterate and self.on_inversion == "nan"
+        if local:
+            inverted = self._inversion_error(det) is not None
+        elif self._inverted(det, self.on_inversion == "raise"):
             return torch.full_like(u, math.nan)
         G, w, _ = self._np_data()
-        P = mu * F
-        P += (lmbda * np.log(det) - mu) * _np_inv(F, det).transpose(1, 0, 2)
-        P *= w
-        # re[a, i, e] = Σ_J G[a, J, e] P[i, J, e]
-        return self._np_finish_residual(un, _np_contract(G.transpose(1, 0, 2), P.transpose(1, 0, 2)))
+        with np.errstate(invalid="ignore", divide="ignore"):   # inverted cells (local): NaN below
+            P = mu * F
+            P += (lmbda * np.log(det) - mu) * _np_inv(F, det).transpose(1, 0, 2)
+            P *= w
+            # re[a, i, e] = Σ_J G[a, J, e] P[i, J, e]
+            r = self._np_finish_residual(un, _np_contract(G.transpose(1, 0, 2), P.transpose(1, 0, 2)))
+        return torch.full_like(u, math.nan) if local and inverted else r
 
-    def _np_tangent_sums(self, u: torch.Tensor, mu: np.ndarray, lmbda: np.ndarray) -> np.ndarray:
+    def _np_tangent_sums(self, u: torch.Tensor, mu: np.ndarray, lmbda: np.ndarray):
         """Collective. The formulas of :meth:`_tangent_blocks` on simplices without autograd, from
         ``u``, summed straight into the matrix slots: ``(nnz + n_remote, dim, dim)`` (see
-        :meth:`_np_finish_block_jacobian`); no ``(dim, dim, E, nv, nv)`` array is formed."""
+        :meth:`_np_finish_block_jacobian`); no ``(dim, dim, E, nv, nv)`` array is formed. Returns
+        them and this rank's inversion error (or None), raised on every rank by the values' check."""
         F = self._np_F(self._np_lift(u.detach().numpy()))
         det = _np_det(F)
-        self._inverted(det, True)
+        err = self._inversion_error(det)
         G, w, L = self._np_data()
         d = F.shape[0]
-        # Bt[i, a, e] = B_ai = Σ_J G_aJ F⁻¹_Ji
-        Bt = _np_contract(_np_inv(F, det), G.transpose(1, 0, 2))
+        with np.errstate(invalid="ignore", divide="ignore"):   # inverted cells: raised by the caller
+            # Bt[i, a, e] = B_ai = Σ_J G_aJ F⁻¹_Ji
+            Bt = _np_contract(_np_inv(F, det), G.transpose(1, 0, 2))
+            cw = (lmbda * np.log(det) - mu) * w
         lw = lmbda * w
-        cw = (lmbda * np.log(det) - mu) * w
         # K[i, k, e, a, b] = lw B_ai B_bk - cw B_ak B_bi + δ_ik μ L_ab, one (i, k) block at a time:
         # an (nv, nv, E) temporary summed into its slots by one bincount. K[k, i, e, a, b] =
         # K[i, k, e, b, a], so the blocks k < i are the sums of i < k at the transposed slots.
@@ -290,7 +308,7 @@ class NeoHookean(NonlinearProblem):
             for i in range(d):
                 for k in range(i + 1, d):
                     V[:, k, i] = V[tr, i, k]
-        return V
+        return V, err
 
     def _np_energy(self, u: torch.Tensor, mu: np.ndarray, lmbda: np.ndarray) -> torch.Tensor:
         """Collective. :meth:`energy` on simplices without autograd."""
@@ -339,7 +357,8 @@ class NeoHookean(NonlinearProblem):
                  lmbda: Union[None, float, torch.Tensor] = None) -> torch.Tensor:
         """Collective. Owned rows of internal minus external forces (Dirichlet rows ``u - g``)."""
         if self.simplex and self._fast(u):
-            return self._np_residual(u, *self._params(u, mu, lmbda, numpy=True))
+            return self._np_residual(u, *self._params(u, mu, lmbda, numpy=True),
+                                     at_iterate=solver_iterate(u, (mu, lmbda)))
         m, l = self._params(u, mu, lmbda)
         F, inverted = self._F_checked(u, self.on_inversion == "raise")
         if inverted:
@@ -355,7 +374,7 @@ class NeoHookean(NonlinearProblem):
                  lmbda: Union[None, float, torch.Tensor] = None) -> DSparseTensor:
         """Collective. Consistent (symmetric) tangent with Dirichlet rows/columns eliminated."""
         if self.simplex and self._fast(u, graph=False):
-            return self._np_finish_block_jacobian(self._np_tangent_sums(u, *self._params(u, mu, lmbda, numpy=True)))
+            return self._np_finish_block_jacobian(*self._np_tangent_sums(u, *self._params(u, mu, lmbda, numpy=True)))
         m, l = self._params(u, mu, lmbda)
         with torch.no_grad():
             F, _ = self._F_checked(u.detach())

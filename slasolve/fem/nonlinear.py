@@ -48,6 +48,7 @@ import torch
 
 from .._comm import check_collective
 from ..dsparse import DSparseTensor
+from ..nonlinear.problem import solver_iterate
 from ..sparse import all_finite, all_finite_np
 from . import elements as _el
 from .assembly import Assembler
@@ -135,6 +136,8 @@ class NonlinearProblem:
         self._np_masks = None   # NumPy copies of _dirichlet_masks(float64)
         self._np_perm = None    # NumPy copy of the scalar layout's permutation
         self._np_consts = {}    # coefficient name -> (number, its per-cell NumPy array)
+        self._np_bcv = None     # (bc.values, its NumPy view)
+        self._np_ext = None     # (external(), its NumPy view)
         self._external_kept = None   # (data key, external load) while the data are plain numbers
         terms = [] if neumann is None else ([neumann] if isinstance(neumann, tuple) else list(neumann))
         self._neumann = []
@@ -246,8 +249,17 @@ class NonlinearProblem:
         if idx is None:
             return u
         u = u.copy()
-        u[idx] = self.bc.values.detach().numpy()
+        u[idx] = self._np_bc_values()
         return u
+
+    def _np_bc_values(self) -> np.ndarray:
+        """Local. The Dirichlet values as a NumPy view (kept while ``bc.values`` is the same
+        tensor: a view sees its in-place changes)."""
+        g = self.bc.values
+        hit = self._np_bcv
+        if hit is None or hit[0] is not g:
+            hit = self._np_bcv = (g, g.detach().numpy())
+        return hit[1]
 
     def _np_cell_dofs(self) -> np.ndarray:
         """Local. Vector spaces: the local cells' dofs in the extended dof array ``[owned | ghost]``
@@ -297,23 +309,35 @@ class NonlinearProblem:
         r = self._np_assemble_cells(re)
         ext = self.external()
         if ext is not None:
-            r = r - ext.detach().numpy()
+            hit = self._np_ext
+            if hit is None or hit[0] is not ext:   # a view: kept while external() keeps the tensor
+                hit = self._np_ext = (ext, ext.detach().numpy())
+            r -= hit[1]
         if self.bc is not None:
             idx = self._np_index()[3]
-            r[idx] = u[idx] - self.bc.values.detach().numpy()
+            r[idx] = u[idx] - self._np_bc_values()
         return torch.from_numpy(r)
 
-    def _np_finish_jacobian(self, Ke: np.ndarray) -> DSparseTensor:
+    def _np_finish_jacobian(self, Ke: np.ndarray, cell_last: bool = False) -> DSparseTensor:
         """Collective. :meth:`_finish_jacobian` of scalar element tangents ``(E, nv, nv)`` on NumPy
-        arrays (with Dirichlet rows; otherwise the torch code on the same values)."""
+        arrays (with Dirichlet rows; otherwise the torch code on the same values); ``cell_last``:
+        laid out ``(nv, nv, E)`` (:class:`NonlinearDiffusion`), summed in the same order."""
         sp = self.space
         if sp.bs != 1 or self.bc is None:
+            if cell_last:
+                Ke = np.ascontiguousarray(Ke.transpose(2, 0, 1))
             return self._finish_jacobian(torch.from_numpy(Ke))
         hit = self._np_slots
         if hit is None:
             kept, kept_slot, remote, remote_slot, zero, base = self._scalar_slots(torch.float64)
-            hit = self._np_slots = tuple(t.cpu().numpy() for t in (kept, kept_slot, remote, remote_slot, zero, base))
-        kept, kept_slot, remote, remote_slot, zero, base = hit
+            hit = tuple(t.cpu().numpy() for t in (kept, kept_slot, remote, remote_slot, zero, base))
+            # the same entries' positions in the (nv, nv, E) layout
+            E, nv = self._np_index()[1]
+            where = np.arange(E * nv * nv).reshape(nv, nv, E).transpose(2, 0, 1).reshape(-1)
+            hit = self._np_slots = hit + (where[hit[0]], where[hit[2]])
+        kept, kept_slot, remote, remote_slot, zero, base, kept_last, remote_last = hit
+        if cell_last:
+            kept, remote = kept_last, remote_last
         flat = Ke.reshape(-1)
         # the kept entries never land on the constrained diagonal (eliminated): base + sum as index_add
         v = base + _sum_into(kept_slot, flat.take(kept), sp.nnz)
@@ -321,7 +345,19 @@ class NonlinearProblem:
             r = _sum_into(remote_slot, flat.take(remote), sp.n_remote)
             r = sp.nnz_plan.reverse_raw(torch.from_numpy(r)).numpy()
             v = v + np.where(zero, 0.0, r)
-        return sp.template.with_values(torch.from_numpy(v))
+        return self._np_checked_values(sp.template, v)
+
+    def _np_checked_values(self, template: DSparseTensor, v: np.ndarray, err: Optional[Exception] = None
+                           ) -> DSparseTensor:
+        """Collective. ``template`` with the tangent values ``v`` (its shape, float64), checked
+        finite in one collective check together with ``err`` (this rank's problem found while
+        computing them, e.g. inverted cells): :meth:`DSparseTensor.with_values`'s reduction,
+        without its checks of what this class made itself (shape, dtype)."""
+        if err is None and not all_finite_np(v):
+            err = ValueError("the tangent has NaN or infinite values (the state or the coefficients "
+                             "overflow)")
+        check_collective(self.comm, err)
+        return template._with_checked_values(torch.from_numpy(v))
 
     def _np_block_slots(self) -> np.ndarray:
         """Local. Vector spaces: the matrix slot (``< nnz``: owned block, else ``nnz +`` remote
@@ -346,11 +382,12 @@ class NonlinearProblem:
             self._np_tslots = t
         return self._np_tslots
 
-    def _np_finish_block_jacobian(self, V: np.ndarray) -> DSparseTensor:
+    def _np_finish_block_jacobian(self, V: np.ndarray, err: Optional[Exception] = None) -> DSparseTensor:
         """Collective. :meth:`_finish_jacobian` of element tangents already summed per matrix slot:
         ``V`` ``(nnz + n_remote, bs, bs)``, the owned blocks then the entries of other ranks' rows
         (the sums :meth:`Assembler._assemble_slots` makes), on NumPy arrays; the same Dirichlet
-        elimination and scalar (AIJ) or block layout."""
+        elimination and scalar (AIJ) or block layout. ``err``: this rank's problem found while
+        computing ``V``, raised on every rank by the values' own collective check."""
         sp = self.space
         nnz = sp.nnz
         v = V[:nnz]
@@ -365,11 +402,11 @@ class NonlinearProblem:
             if diag is not None:
                 v += diag
         if self.block_jacobian:
-            return sp.template.with_values(torch.from_numpy(v))
+            return self._np_checked_values(sp.template, v, err)
         T, perm = self._scalar_layout(sp.template)
         if self._np_perm is None:
             self._np_perm = perm.cpu().numpy()
-        return T.with_values(torch.from_numpy(v.reshape(-1).take(self._np_perm)))
+        return self._np_checked_values(T, v.reshape(-1).take(self._np_perm), err)
 
     def _constant_data_key(self):
         """Local. A key of the source and Neumann data when all of them are plain numbers (or
@@ -566,7 +603,20 @@ class NonlinearProblem:
     def _inputs(self, u, *params, numpy: bool = False):
         """Collective. Check ``u`` and convert the ``(name, value, default)`` coefficients, with one
         collective check for all of them (one Allreduce per residual / tangent); ``numpy``: as
-        NumPy arrays, for the no-autograd path (:meth:`_fast`)."""
+        NumPy arrays, for the no-autograd path (:meth:`_fast`). At a nonlinear solver's own iterate
+        with the parameters its evaluations at ``u0`` checked (:func:`solver_iterate`, the same
+        answer on every rank) nothing is checked again: no reduction."""
+        values = tuple(value for _, value, _ in params)
+        if solver_iterate(u, values) and not any(  # a callable coefficient may answer differently
+                callable(d if v is None else v) and not isinstance(d if v is None else v, torch.Tensor)
+                for _, v, d in params):
+            out = []
+            for name, value, default in params:
+                v, err = self._param_local(name, value, default, numpy)
+                if err is not None:   # not reached: the same values passed at u0 on every rank
+                    raise err
+                out.append(v)
+            return out
         err = self._u_error(u, numpy)
         out = []
         for name, value, default in params:
@@ -602,10 +652,30 @@ class NonlinearDiffusion(NonlinearProblem):
         return self.cell_values(self.lift(u))[..., 0]                               # (E, nv)
 
     def _np_LM(self):
-        """Local. ``(L, M)`` as NumPy arrays (the no-autograd path; made once)."""
+        """Local. The no-autograd path's data (made once), the cell index last (see
+        :meth:`_np_cell_dofs`): ``L`` ``(nv, nv, E)``, ``Mᵀ`` ``(nv, nv)`` and the cells' vertices
+        in the extended node array ``(nv, E)``."""
         if self._LM_np is None:
-            self._LM_np = (self._L.detach().numpy(), self._M.detach().numpy())
+            flat, (E, nv), _, _ = self._np_index()
+            self._LM_np = (np.ascontiguousarray(self._L.detach().numpy().transpose(1, 2, 0)),
+                           np.ascontiguousarray(self._M.detach().numpy().T),
+                           np.ascontiguousarray(flat.reshape(E, nv).T))
         return self._LM_np
+
+    def _np_terms(self, u: np.ndarray):
+        """Collective. :meth:`_simplex_terms` of the owned dofs ``u`` (lifted here) on the
+        no-autograd path, laid out ``(nv, E)``: ``(M u, s, L u)`` (NumPy's elementwise loops then
+        run over the E-long rows instead of nv-long ones, and no einsum is needed)."""
+        L, Mt, cells = self._np_LM()
+        u = self._np_lift(u)
+        if self.comm.Get_size() > 1:
+            u = np.concatenate([u, self.space.node_plan.forward_raw(torch.from_numpy(u.reshape(-1, 1)))
+                                .numpy().reshape(-1)])
+        ue = u.take(cells)                                                          # (nv, E)
+        t = Mt @ ue                                                                 # (M u)_j, (nv, E)
+        s = (t * ue).sum(0)
+        s += 1
+        return t, s, np.add.reduce(L * ue, axis=1)                                  # (L u)_i
 
     @staticmethod
     def _simplex_terms(ue, L, M):
@@ -629,8 +699,9 @@ class NonlinearDiffusion(NonlinearProblem):
         if self.simplex and self._fast(u):
             (k,) = self._inputs(u, ("kappa", kappa, self.kappa), numpy=True)
             un = u.detach().numpy()
-            _, s, Lu = self._simplex_terms(self._np_cell_values(un), *self._np_LM())
-            return self._np_finish_residual(un, (k * s)[:, None] * Lu)
+            _, s, Lu = self._np_terms(un)
+            Lu *= k * s
+            return self._np_finish_residual(un, Lu.T)    # summed cell by cell, as index_add does
         (k,) = self._inputs(u, ("kappa", kappa, self.kappa))
         ue = self._cell_u(u)
         E = ue.shape[0]
@@ -649,9 +720,12 @@ class NonlinearDiffusion(NonlinearProblem):
         """Collective. Consistent tangent ``dR/du`` (not symmetric) with Dirichlet rows/columns eliminated."""
         if self.simplex and self._fast(u, graph=False):
             (k,) = self._inputs(u, ("kappa", kappa, self.kappa), numpy=True)
-            L, M = self._np_LM()
-            return self._np_finish_jacobian(self._simplex_tangent(self._np_cell_values(u.detach().numpy()),
-                                                                  k, L, M))
+            t, s, Lu = self._np_terms(u.detach().numpy())
+            # _simplex_tangent laid out (nv, nv, E): K_ij = κ s L_ij + 2κ (L u)_i (M u)_j
+            Lu *= 2 * k
+            Ke = self._np_LM()[0] * (k * s)
+            Ke += Lu[:, None, :] * t[None, :, :]
+            return self._np_finish_jacobian(Ke, cell_last=True)
         (k,) = self._inputs(u, ("kappa", kappa, self.kappa))
         with torch.no_grad():
             ue = self._cell_u(u.detach())

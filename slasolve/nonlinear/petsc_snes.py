@@ -327,7 +327,7 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     comm = prob.comm
     # the Jacobian at u0 (handed to SNES's first Jacobian call) names the layout whose SNES is used
     if use_jacobian:
-        J0 = prob.jacobian(u0.detach(), pending=r0_error)
+        J0 = prob.jacobian(u0, pending=r0_error)   # u0: the tensor F(u0) was evaluated at
     else:
         J0 = None
         check_collective(comm, r0_error)
@@ -359,6 +359,8 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     solver.calls.cb = cb
     ok = False
     try:
+        # F(u0) and J(u0) passed their collective checks: SNES evaluates at its own iterates now
+        prob.iterating = True
         try:
             with torch.no_grad():   # the callbacks record no graph: one mode switch for all of them
                 snes.solve(None, X)
@@ -366,6 +368,8 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
             if cb.error is not None:
                 raise cb.error from None
             raise
+        finally:
+            prob.iterating = False
         code = snes.getConvergedReason()
         its = snes.getIterationNumber()
         u = torch.from_numpy(X.getArray(readonly=True).copy()).to(u0.dtype)

@@ -15,9 +15,25 @@ from mpi4py import MPI
 
 from .._comm import allreduce_int, allreduce_sum, check_collective, raise_collected
 
-__all__ = ["Problem", "global_norm", "raises_collectively"]
+__all__ = ["Problem", "global_norm", "raises_collectively", "solver_iterate"]
 
 _NOT_GIVEN = object()
+# (u, params) while a solver evaluates its residual / Jacobian at one of its own iterates
+_ITERATE = [None]
+
+
+def solver_iterate(u: torch.Tensor, params: tuple) -> bool:
+    """Local. Whether ``u`` is the iterate a nonlinear solver is evaluating its residual or
+    Jacobian at right now, with ``params`` (compared by identity) the parameters it passes: then
+    ``u`` is the solver's own vector (this rank's owned rows, ``u0``'s dtype; NaN/Inf in it reach
+    the solver's norms on every rank alike) and the parameters passed the collective checks of the
+    same solve's evaluations at ``u0``, so a ``raises_collectively`` callable may skip checking
+    them again (no reduction). Decided alike on every rank: every rank evaluates at its iterates
+    at the same points, with the same parameters."""
+    it = _ITERATE[0]
+    if it is None or u is not it[0] or len(params) < len(it[1]):
+        return False
+    return all(a is b for a, b in zip(params, it[1])) and all(p is None for p in params[len(it[1]):])
 
 
 def raises_collectively(fn) -> bool:
@@ -49,8 +65,17 @@ class Problem:
         self.njev = 0
         self.nobj = 0
         self._pattern = None  # (layout, indptr, indices) of the first Jacobian
+        # set by the backend once the residual and Jacobian at u0 passed their collective checks:
+        # later evaluations are at the solver's own iterates (solver_iterate)
+        self.iterating = False
         # callables whose problems are the same on every rank: checked here without a reduction
         self._local_checks = (raises_collectively(residual), raises_collectively(jacobian))
+        # the residual and Jacobian are methods of one object that check the same inputs alike
+        # (a slasolve.fem problem's): the Jacobian at the u whose residual passed those checks
+        # (u0) need not check them again
+        owner = getattr(residual, "__self__", None)
+        self._one_owner = all(self._local_checks) and owner is not None and owner is getattr(jacobian, "__self__", None)
+        self._checked_u = None   # the u of the latest residual evaluation that passed (one_owner)
 
     def without_objective(self) -> "Problem":
         """Local. The same residual, Jacobian and parameters without an objective; its call
@@ -59,9 +84,13 @@ class Problem:
         plain.nfev, plain.njev = self.nfev, self.njev
         return plain
 
-    def _call(self, fn, u: torch.Tensor):
+    def _call(self, fn, u: torch.Tensor, iterate: bool = False):
         """Local. ``(fn(u, *params), None)`` without autograd, or ``(None, exception)``: the
-        caller combines it across ranks (user code raising on one rank ends it everywhere)."""
+        caller combines it across ranks (user code raising on one rank ends it everywhere).
+        ``iterate``: ``u`` and the parameters passed the checks already (:func:`solver_iterate`)."""
+        outer = _ITERATE[0]
+        if self.iterating or iterate:
+            _ITERATE[0] = (u, self.params)
         try:
             if not torch.is_grad_enabled():   # inside the Newton iterations (see petsc_snes)
                 return fn(u, *self.params), None
@@ -69,6 +98,8 @@ class Problem:
                 return fn(u, *self.params), None
         except Exception as e:  # noqa: BLE001 - user code
             return None, e
+        finally:
+            _ITERATE[0] = outer
 
     def residual(self, u: torch.Tensor, *, check: bool = True) -> torch.Tensor:
         """Collective. ``residual(u, *params)`` (no autograd), its result checked when ``check``;
@@ -83,7 +114,7 @@ class Problem:
                 raise err
         else:
             check_collective(self.comm, err)   # also when not checking: a raise on one rank ends it everywhere
-        return r.detach()
+        return r.detach() if r.requires_grad else r
 
     def residual_local(self, u: torch.Tensor):
         """Local (the user's function may communicate: call it on every rank alike). ``(r, None)``
@@ -100,7 +131,9 @@ class Problem:
             elif r.dtype != self.dtype:
                 err = TypeError(f"residual returned dtype {r.dtype}, u0 is {self.dtype}")
             else:
-                return r.detach(), None
+                if self._one_owner:
+                    self._checked_u = u
+                return (r.detach() if r.requires_grad else r), None
         return None, err
 
     @property
@@ -145,13 +178,22 @@ class Problem:
         DSparseTensor whose owned rows match ``u``, with the pattern of the first call.
         ``pending``: this rank's error (or None) from a deferred check (:meth:`residual_local`),
         raised on every rank by this call's own check, before any problem of the Jacobian.
-        Without ``pending``, the Jacobian of a ``raises_collectively`` callable is checked with
-        no reduction."""
+        The Jacobian of a ``raises_collectively`` callable is checked with no reduction (and so is
+        ``pending`` when the residual is one too: its problems are the same on every rank)."""
         from ..dsparse import DSparseTensor
         self.njev += 1
-        J, err = self._call(self._jacobian, u)
-        if err is not None:
+        J, err = self._call(self._jacobian, u, iterate=u is self._checked_u)
+        if pending is not _NOT_GIVEN and pending is not None:
+            err = pending   # the residual's problem comes first
+        elif err is not None:
             pass
+        elif self._pattern is not None and type(J) is DSparseTensor and J._layout is self._pattern[0] \
+                and J.comm is self._pattern[3]:
+            # the first Jacobian's layout and communicator: its shape, rows and columns were checked then
+            if J.local.is_block:
+                err = ValueError("jacobian must return a scalar (non-block) DSparseTensor")
+            elif J.dtype != self.dtype:
+                err = TypeError(f"jacobian returned dtype {J.dtype}, u0 is {self.dtype}")
         elif not isinstance(J, DSparseTensor) or not J.is_row_shard:
             err = TypeError(f"jacobian must return a row-sharded DSparseTensor, got {type(J).__name__}")
         elif MPI.Comm.Compare(J.comm, self.comm) not in (MPI.IDENT, MPI.CONGRUENT):
@@ -172,11 +214,11 @@ class Problem:
                     and torch.equal(ip, self._pattern[1]) and torch.equal(ix, self._pattern[2])):
                 err = ValueError("jacobian returned a different sparsity pattern than at the first "
                                  "Newton step; keep one pattern (store explicit zeros)")
-        if pending is _NOT_GIVEN and self._local_checks[1]:   # the same problem on every rank
-            if err is not None:
+        if self._local_checks[1] and (pending is _NOT_GIVEN or self._local_checks[0]):
+            if err is not None:   # the same problem on every rank
                 raise err
         else:
-            check_collective(self.comm, (None if pending is _NOT_GIVEN else pending) or err)
+            check_collective(self.comm, err)
         if self._pattern is None:
-            self._pattern = (J._layout, J.local.indptr, J.local.indices)
-        return J.detach()
+            self._pattern = (J._layout, J.local.indptr, J.local.indices, J.comm)
+        return J.detach() if J.values.requires_grad else J

@@ -232,7 +232,8 @@ def _newton(prob, u0, backend, settings, petsc_options, options_prefix, kw):
     if backend == "petsc":
         from .petsc_snes import snes_solve
         # checked (shape, dtype) on every rank, collectively with the Jacobian at u0 (a deferred check)
-        r0, r0_error = prob.residual_local(u0.detach())
+        u0 = u0.detach()   # one tensor for F(u0) and J(u0): the latter's input checks are the former's
+        r0, r0_error = prob.residual_local(u0)
         return snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix, r0=r0,
                           r0_error=r0_error, settings=settings, **kw)
     from .torch_newton import newton
