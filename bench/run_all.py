@@ -755,6 +755,43 @@ changes (`bench/results/quiet_2026-11-27_evening.log` has the console output); r
   time on both sides; the gap is in the residual/Jacobian callbacks and the Python around them.
 * eigsh at 250k unknowns: 1.10 (paired 1.07) at 1 rank, 0.99 (paired 0.99) at 2 ranks against raw
   slepc4py (issue 19's target <= 1.15: met at both).
+
+### The eighth session's changes (issues 19, 21; quiet machine, load 1.2-1.8, 2026-11-28 01:02-01:11)
+
+The workflow tables above (optimisation iteration, neo-Hookean and nonlinear diffusion at 8k, fixed cost)
+and the 5.3M-tetrahedra mesh read were rerun one after the other on a quiet machine after these changes
+(`bench/results/quiet_2026-11-28_night.log`); eigsh was not rerun (unchanged code); rows with a date are
+older.
+
+* Optimisation iteration: CG on several ranks uses PETSc's single-reduction variant when rtol >= 1e-10
+  (3 -> 2 reductions per step; the classic variant below, where top88 at rtol 1e-12 needed up to 7 more
+  iterations with it; one rank unchanged, J bit-identical): reductions per iteration at 2 ranks 164 -> 132
+  (8k Poisson; DOLFINx 120), 168 -> 131 (3k elasticity; DOLFINx 141), same CG iterations
+  (`bench/results/optiter3_cg_single_reduction.json`). The backward's symmetry check of block (elasticity)
+  matrices compares the values with their mirrors in one gather on the block form instead of a scalar copy
+  per call: 23-33 -> 8-12 ms per backward at 48k elasticity (`optiter3_symmetry.json`). The diagonal read
+  by `index_select`. Ratios after (slasolve / DOLFINx; / dfx same test): Poisson 8k 1 rank 1.17 / 1.07,
+  2 ranks 1.46 / 1.35 (before 1.48 / 1.23: no change above the noise; the remaining gap is ~100 small
+  Python pieces and GAMG's per-set-up eigenvalue estimates, 4.0 vs 1.6 ms PCSetUp, which guard the top88
+  `DIVERGED_INDEFINITE_PC` case); Poisson 80k 1.02 / 0.86 (1), 1.02 / 0.91 (2); elasticity 3k 0.95 / 0.89
+  (1), 1.00 / 0.95 (2); elasticity 48k 0.97 / 0.86 (1), 1.06 / 0.92 (2).
+* `nonlinear_solve`: the FEM problems' input checks run once per solve, not once per Newton step (SNES's
+  own iterate, parameters compared by identity), `NonlinearDiffusion`'s NumPy kernel laid out cell-last
+  without einsum, cheaper Jacobian layout checks: instructions per call at 1 rank (callgrind) 7.64M ->
+  6.52M (DOLFINx 6.69M), reductions per call at 2 ranks 121 -> 112 (DOLFINx 100)
+  (`nlfixed_counts.json`). Wall time per call is still 2.04x (1 rank) and 2.40x (2 ranks) DOLFINx's
+  (was 2.15x, 2.78x): at equal instruction counts the Python and NumPy dispatch runs slower per
+  instruction. Diffusion 8k forward at 2 ranks 1.19 / 1.21 -> 1.04 / 1.04; 2-D neo-Hookean 8k forward at
+  2 ranks 1.46 / 1.15 (same test: 1.18 before).
+* Mesh read at 5.3M tetrahedra (`bench/mesh_io.py --n 96 --ranks 4 8 --methods ptscotch --trials 2`,
+  slasolve and DOLFINx 0.5.2's XDMF reader alternated per trial, `mesh_io_n96_p4_p8_trials2.json`): read
+  time 0.97 (0.96-0.98) at P = 4 and 0.97 (0.94-1.01) at P = 8 (23.2-23.7 s against 23.7-24.7 s; 29.1-30.8
+  s against 30.5-31.1 s); memory per rank 1004-1010 MiB (P = 4) and 523-524 MiB (P = 8), 1.2/P of the
+  serial read's 3412 MiB (target <= 2.5/P), 1.3-1.4x DOLFINx's; edge cut and imbalance as before.
+* Mixed cell types (issue 21): `read_mesh(..., simplices=True)` / `convert_mesh(..., simplices=True)` split
+  triangles + quads and tetrahedra + hexahedra + wedges + pyramids into conforming simplices (see
+  docs/mesh_io.md); `examples/gmsh_bracket.py --recombine` (gmsh 4.15: 2788 tetrahedra + 439 pyramids ->
+  3666 tetrahedra) solved by `examples/fem_solve.py --mesh ... --problem elasticity` at 1 and 3 ranks.
 """
 
 
