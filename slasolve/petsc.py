@@ -171,6 +171,17 @@ def _refill(entry, dA, L) -> None:
     mat.assemble()
 
 
+def aij_value_writer(mat, dA):
+    """Collective (one ``MatAssembly`` on every rank, whatever each decides). A writer of ``dA``'s
+    values straight into the AIJ arrays of ``mat``, a Mat made from ``dA``'s pattern
+    (:func:`create_petsc_mat`): ``writer.write(values)`` (local; CPU float64 values of that pattern)
+    returns False when it could not write, and the caller then fills ``mat`` through
+    ``MatSetValuesCSR``; either way ``mat.assemble()`` follows (collective). None on a rank where
+    the mapping cannot be proven (see :class:`_AIJWriter`). ``mat``'s values are left undefined
+    until the caller writes them."""
+    return _AIJWriter.build(mat, dA, dA._need_row_shard("to_petsc"))
+
+
 class _AIJWriter:
     """Local. Writes a CPU float64 tensor's values (scalar or block, the pattern the cached AIJ Mat
     was made from) straight into the Mat's value arrays: one gather per block (diagonal and

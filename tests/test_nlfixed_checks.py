@@ -120,3 +120,38 @@ def test_solid_with_inverting_trial_steps_matches_checked_run(comm):
     u, info = slasolve.nonlinear_solve(P.residual, sp.zeros(), jacobian=P.jacobian, **kw)
     assert info.converged and iref.converged and abs(info.iterations - iref.iterations) <= 1
     assert _close(u, ref, comm, 1e-8)
+
+
+def test_jacobian_refill_in_place_matches_setvaluescsr(comm, monkeypatch):
+    """The SNES's Jacobian Mat refilled in PETSc's arrays (the linear path's AIJ writer) gives the
+    same Newton iterations and solution as MatSetValuesCSR (the writer switched off), and the
+    writer is used on every Jacobian after the first."""
+    pytest.importorskip("petsc4py")
+    from slasolve import petsc as sla_petsc
+
+    sp, P = _solid(comm, 0.05)
+    made, writes = [], []
+    real = sla_petsc.aij_value_writer
+
+    def counting(mat, dA):
+        w = real(mat, dA)
+        made.append(w)
+        if w is not None:
+            orig = w.write
+            w.write = lambda v: writes.append(1) or orig(v)
+        return w
+    monkeypatch.setattr(sla_petsc, "aij_value_writer", counting)
+    runs, counts = [], []
+    for writer in (True, False):
+        if not writer:
+            monkeypatch.setattr(sla_petsc, "aij_value_writer", lambda mat, dA: None)
+        # other (harmless) options: a SNES of its own, so the second run builds its Mat filler anew
+        u, info = slasolve.nonlinear_solve(P.residual, sp.zeros(), jacobian=P.jacobian, rtol=1e-10,
+                                           linear_solver=LU, return_info=True, backend="petsc",
+                                           petsc_options={"snes_max_fail": 1 if writer else 2})
+        runs.append((u, info))
+        counts.append(len(writes))
+    assert len(made) == 1 and made[0] is not None and counts[0] >= runs[0][1].iterations
+    assert counts[1] == counts[0], "the second run must fill through MatSetValuesCSR"
+    assert runs[0][1].iterations == runs[1][1].iterations
+    assert _close(runs[0][0], runs[1][0], comm)

@@ -111,9 +111,10 @@ class _Callbacks:
     some NaN cases per rank, so handing it NaNs from one rank's failed residual (a deferred check)
     desynchronises the ranks -- seen as a hang at 2 ranks."""
 
-    def __init__(self, prob, dtype, progress, callback, u0, r0, J0, csr=None, X=None):
+    def __init__(self, prob, dtype, progress, callback, u0, r0, J0, csr=None, X=None, mat_slot=None):
         self.prob, self.dtype = prob, dtype
         self.csr = csr     # (indptr, indices) of the Mat in PETSc's int type, or None
+        self.mat_slot = mat_slot   # the _Solver: its Jacobian Mat's value writer, made at the first refill
         self.error = None      # raised inside a callback on every rank (a collective check)
         self.hist, self.lits = [], []
         self._last_lits = 0
@@ -161,10 +162,17 @@ class _Callbacks:
             self.error = self.error or e
             raise
         if self.csr is not None:
-            # the pattern of the Mat (checked by Problem.jacobian): INSERT overwrites every entry
+            # the pattern of the Mat (checked by Problem.jacobian): every entry is overwritten, in
+            # PETSc's arrays where the writer applies (as the linear path's refill), else by INSERT
             vals = dJ.values.detach()
-            vals = vals.numpy() if vals.dtype == torch.float64 else vals.to(torch.float64).numpy()
-            P.setValuesCSR(self.csr[0], self.csr[1], vals, PETSc.InsertMode.INSERT_VALUES)
+            vals = vals if vals.dtype == torch.float64 else vals.to(torch.float64)
+            slot = self.mat_slot
+            if slot is not None and slot.writer is False:
+                from ..petsc import aij_value_writer
+                slot.writer = aij_value_writer(P, dJ)   # collective: on every rank's first refill
+            writer = None if slot is None else slot.writer
+            if writer is None or not writer.write(vals):
+                P.setValuesCSR(self.csr[0], self.csr[1], vals.numpy(), PETSc.InsertMode.INSERT_VALUES)
             P.assemble()
         else:
             fill_petsc_mat(P, dJ.to(torch.float64))
@@ -240,6 +248,7 @@ class _Solver:
         F = self.F = X.duplicate()
         snes = self.snes = PETSc.SNES().create(comm=comm)
         self.csr = None
+        self.writer = False   # the Jacobian Mat's value writer: not made yet (None: cannot be)
         if J0 is not None and J0.values.device.type == "cpu":
             loc = J0.local
             self.csr = (loc.indptr.numpy().astype(PETSc.IntType), loc.indices.numpy().astype(PETSc.IntType))
@@ -354,7 +363,7 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
             solver = J0._layout.cached("nonlinear_solvers", key, build, SNES_CACHE_SIZE)
     snes, X = solver.snes, solver.X
     X.setArray(u0.detach().to(torch.float64).cpu().numpy())
-    cb = _Callbacks(prob, u0.dtype, progress, callback, u0.detach(), r0, J0, solver.csr, X)
+    cb = _Callbacks(prob, u0.dtype, progress, callback, u0.detach(), r0, J0, solver.csr, X, solver)
     setup = time.perf_counter() - t0
     solver.calls.cb = cb
     ok = False
