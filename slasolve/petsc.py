@@ -22,7 +22,7 @@ except ImportError as e:  # pragma: no cover - exercised on machines without PET
     raise ImportError("slasolve.petsc needs petsc4py: install your PETSc's petsc4py "
                       "(Debian/Ubuntu: apt install python3-petsc4py), see README") from e
 
-__all__ = ["PETSc", "to_petsc_mat", "create_petsc_mat", "fill_petsc_mat", "garbage_cleanup",
+__all__ = ["PETSc", "to_petsc_mat", "create_petsc_mat", "fill_petsc_mat", "aij_value_writer", "garbage_cleanup",
            "tensor_to_vec", "vec_to_tensor", "set_options", "temporary_options", "option_entries"]
 
 _IntType = PETSc.IntType
@@ -177,7 +177,7 @@ def aij_value_writer(mat, dA):
     (:func:`create_petsc_mat`): ``writer.write(values)`` (local; CPU float64 values of that pattern)
     returns False when it could not write, and the caller then fills ``mat`` through
     ``MatSetValuesCSR``; either way ``mat.assemble()`` follows (collective). None on a rank where
-    the mapping cannot be proven (see :class:`_AIJWriter`). ``mat``'s values are left undefined
+    the mapping cannot be proven (see ``_AIJWriter``). ``mat``'s values are left undefined
     until the caller writes them."""
     return _AIJWriter.build(mat, dA, dA._need_row_shard("to_petsc"))
 
