@@ -782,7 +782,10 @@ older.
   (`nlfixed_counts.json`). Wall time per call is still 2.04x (1 rank) and 2.40x (2 ranks) DOLFINx's
   (was 2.15x, 2.78x): at equal instruction counts the Python and NumPy dispatch runs slower per
   instruction. Diffusion 8k forward at 2 ranks 1.19 / 1.21 -> 1.04 / 1.04; 2-D neo-Hookean 8k forward at
-  2 ranks 1.46 / 1.15 (same test: 1.18 before).
+  2 ranks 1.46 / 1.15 (same test: 1.18 before). After these runs, the SNES's Jacobian Mat is refilled in
+  PETSc's AIJ arrays by the linear path's writer (`petsc.aij_value_writer`) instead of `MatSetValuesCSR`:
+  1.5 -> 0.1 ms per Jacobian at 8k 2-D neo-Hookean (116k entries, 1 rank, CPU time), ~3% of that
+  forward solve; not in the tables above.
 * Mesh read at 5.3M tetrahedra (`bench/mesh_io.py --n 96 --ranks 4 8 --methods ptscotch --trials 2`,
   slasolve and DOLFINx 0.5.2's XDMF reader alternated per trial, `mesh_io_n96_p4_p8_trials2.json`): read
   time 0.97 (0.96-0.98) at P = 4 and 0.97 (0.94-1.01) at P = 8 (23.2-23.7 s against 23.7-24.7 s; 29.1-30.8
