@@ -198,3 +198,17 @@ def test_unsplittable_and_unmixed_errors(shared_dir):
         read_mesh(quads, comm=COMM, simplices=True)
     with pytest.raises(TypeError, match="simplices must be a bool"):
         read_mesh(path, comm=COMM, simplices="yes")
+
+
+def test_split_cells_rejects_bad_blocks():
+    """Local: wrong vertex counts, non-integer indices, indices outside the points, mixed
+    dimensions and unknown types raise ValueError naming the problem."""
+    pts = np.zeros((6, 3))
+    bad = [([("wedge", np.zeros((1, 5), dtype=np.int64))], "shape"),
+           ([("pyramid", np.zeros((1, 5)))], "integer"),
+           ([("tetra", np.array([[0, 1, 2, 6]]))], "outside"),
+           ([("tetra", np.array([[0, 1, 2, 3]])), ("quad", np.array([[0, 1, 2, 3]]))], "one dimension"),
+           ([("polyhedron", np.array([[0, 1, 2, 3]]))], "cannot split")]
+    for blocks, match in bad:
+        with pytest.raises(ValueError, match=match):
+            split_cells(blocks, pts)

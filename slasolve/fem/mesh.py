@@ -445,7 +445,7 @@ def _meshio_arrays(path: str, who: str, simplices: bool = False):
     points = np.asarray(m.points, dtype=np.float64)
     cell_blocks, ctags = gather(types)
     facet_blocks, ftags = gather(facet_types)
-    for what, bl in (("cells", cell_blocks), ("facets", facet_blocks)):
+    for what, bl in (("cells", cell_blocks), ("facets", facet_blocks)):   # for every caller
         if any(d.size and (d.min() < 0 or d.max() >= points.shape[0]) for _, d in bl):
             raise ValueError(f"{who}: {path!r} has {what} referring to missing points")
     if simplices:
@@ -477,15 +477,11 @@ def _read_and_distribute(path, size: int, partition: str, simplices: bool = Fals
             raise ValueError(f"read_mesh: {path!r} has {cell} cells embedded in {points.shape[1]}-D "
                              f"(not flat); only flat meshes are supported")
         points = points[:, :dim]
-    if cells.min() < 0 or cells.max() >= points.shape[0]:
-        raise ValueError(f"read_mesh: {path!r} has cells referring to missing points")
     if not np.all(np.isfinite(points)):
         raise ValueError(f"read_mesh: {path!r} has non-finite point coordinates")
     tag_rows = None
     if ftags is not None:
         _match_facets = _FACET_MATCHERS[0]
-        if ftags[0].min() < 0 or ftags[0].max() >= points.shape[0]:
-            raise ValueError(f"read_mesh: {path!r} has facets referring to missing points")
         # [cell, sorted facet vertices, value] of every tagged facet (rank 0 holds the mesh anyway)
         tag_rows = _match_facets(MPI.COMM_SELF, cells, np.arange(cells.shape[0], dtype=np.int64), cell,
                                  points.shape[0], ftags, np.array([0, cells.shape[0]]),

@@ -1074,8 +1074,6 @@ def convert_mesh(src: Union[str, os.PathLike], dst: Union[str, os.PathLike],
             dim = CELL_DIM[ct]
             if points.shape[1] > dim and np.all(points[:, dim:] == points[:1, dim:]):
                 points = points[:, :dim]
-            if ftags is not None and (ftags[0].min() < 0 or ftags[0].max() >= points.shape[0]):
-                raise ValueError(f"convert_mesh: {src!r} has facets referring to missing points")
             reg = {"cell_type": ct, "dim": points.shape[1], "n_cells": int(cells.shape[0]),
                    "n_nodes": int(points.shape[0]), "cell_tags": ctags is not None,
                    "n_facet_tags": None if ftags is None else int(ftags[0].shape[0]),
