@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from typing import Callable, NamedTuple, Optional
 
 import numpy as np
@@ -49,13 +50,14 @@ import torch
 from mpi4py import MPI
 
 from .._comm import allreduce_int, check_collective, options_key
+from ..sparse import all_finite
 from ..petsc import PETSc, garbage_cleanup, option_entries, temporary_options
 from ..registry import petsc_method_name
 from .info import NonlinearInfo
 from .problem import global_norm
 from .torch_newton import inner_rtol_default
 
-__all__ = ["snes_solve"]
+__all__ = ["snes_solve", "KeptTangent", "adjoint_solve_kept"]
 
 _REASONS = {}
 for _name in dir(PETSc.SNES.ConvergedReason):
@@ -103,6 +105,22 @@ def _configure_ksp(ksp, ls: dict, comm_size: int, n_global: int, matrix_free: bo
     maxiter = ls.get("maxiter")
     ksp.setTolerances(rtol=float(ls["rtol"]), atol=float(ls.get("atol", 0.0)), divtol=1e300,
                       max_it=default_maxiter(n_global) if maxiter is None else int(maxiter))
+
+
+def _write_values(P, csr, slot, dJ) -> None:
+    """Collective (the first call on ``slot``: it makes the writer). ``dJ``'s values into the AIJ
+    Mat ``P`` of the pattern ``csr`` (checked by the caller): every entry is overwritten, in
+    PETSc's arrays where the writer of ``slot`` (a :class:`_Solver`) applies (as the linear
+    path's refill), else by INSERT; then assembled."""
+    vals = dJ.values.detach()
+    vals = vals if vals.dtype == torch.float64 else vals.to(torch.float64)
+    if slot is not None and slot.writer is False:
+        from ..petsc import aij_value_writer
+        slot.writer = aij_value_writer(P, dJ)   # collective: on every rank's first refill
+    writer = None if slot is None else slot.writer
+    if writer is None or not writer.write(vals):
+        P.setValuesCSR(csr[0], csr[1], vals.numpy(), PETSc.InsertMode.INSERT_VALUES)
+    P.assemble()
 
 
 class _Callbacks:
@@ -162,18 +180,7 @@ class _Callbacks:
             self.error = self.error or e
             raise
         if self.csr is not None:
-            # the pattern of the Mat (checked by Problem.jacobian): every entry is overwritten, in
-            # PETSc's arrays where the writer applies (as the linear path's refill), else by INSERT
-            vals = dJ.values.detach()
-            vals = vals if vals.dtype == torch.float64 else vals.to(torch.float64)
-            slot = self.mat_slot
-            if slot is not None and slot.writer is False:
-                from ..petsc import aij_value_writer
-                slot.writer = aij_value_writer(P, dJ)   # collective: on every rank's first refill
-            writer = None if slot is None else slot.writer
-            if writer is None or not writer.write(vals):
-                P.setValuesCSR(self.csr[0], self.csr[1], vals.numpy(), PETSc.InsertMode.INSERT_VALUES)
-            P.assemble()
+            _write_values(P, self.csr, self.mat_slot, dJ)
         else:
             fill_petsc_mat(P, dJ.to(torch.float64))
         if J.handle != P.handle:
@@ -249,6 +256,7 @@ class _Solver:
         snes = self.snes = PETSc.SNES().create(comm=comm)
         self.csr = None
         self.writer = False   # the Jacobian Mat's value writer: not made yet (None: cannot be)
+        self.adjoint_work = None   # a Vec for the backward's residual check (adjoint_solve_kept)
         if J0 is not None and J0.values.device.type == "cpu":
             loc = J0.local
             self.csr = (loc.indptr.numpy().astype(PETSc.IntType), loc.indices.numpy().astype(PETSc.IntType))
@@ -301,7 +309,7 @@ class _Solver:
 
     def destroy(self) -> None:
         """Collective. Destroy the PETSc objects now (a solver made for one call)."""
-        for obj in (self.snes, self.X, self.F, self.Jmat):
+        for obj in (self.snes, self.X, self.F, self.Jmat, self.adjoint_work):
             if obj is not None:
                 obj.destroy()
 
@@ -324,6 +332,7 @@ class _Run(NamedTuple):
     tols: tuple
     setup: float
     drop: Optional[Callable[[], None]]   # forgets the kept SNES (None: made for this call)
+    kept: Optional["KeptTangent"]        # the kept SNES, for the backward (None: made for this call)
 
 
 def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
@@ -391,7 +400,8 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
             cache.pop(key, None)
     method, lm, pc = solver.types
     drop = None if cache is None else (lambda: cache.pop(key, None))
-    return _Run(u, _reason(code), its, solver.line, cb, method, lm, pc, solver.tols, setup, drop)
+    kept = None if cache is None or solver.Jmat is None or solver.csr is None else KeptTangent(solver, J0._layout)
+    return _Run(u, _reason(code), its, solver.line, cb, method, lm, pc, solver.tols, setup, drop, kept)
 
 
 def _near_nullspace_changed(comm, solver: _Solver, Z: torch.Tensor) -> bool:
@@ -401,10 +411,79 @@ def _near_nullspace_changed(comm, solver: _Solver, Z: torch.Tensor) -> bool:
     return allreduce_int(comm, int(not same), MPI.MAX) > 0
 
 
+class KeptTangent:
+    """Local. What a finished solve leaves for its backward: the kept SNES it ran on, weakly
+    referenced (an autograd graph does not keep a dropped SNES alive), and the Jacobian layout
+    whose pattern that SNES's Mat has."""
+
+    __slots__ = ("_solver", "layout")
+
+    def __init__(self, solver: _Solver, layout):
+        self._solver = weakref.ref(solver)
+        self.layout = layout
+
+    def solver(self) -> Optional[_Solver]:
+        return self._solver()
+
+
+def adjoint_solve_kept(kept: KeptTangent, comm, J, g: torch.Tensor, rtol: float, atol: float,
+                       maxiter: Optional[int]) -> Optional[torch.Tensor]:
+    """Collective. ``lam`` with ``J^T lam = g`` (this rank's rows) by the Newton solve's own KSP
+    and preconditioner (as DOLFINx's hand adjoints use the Newton solver's KSP): ``J`` (the tangent
+    at the solution) is written into the kept SNES's Jacobian Mat, the preconditioner is set up
+    for it under the SNES's reuse rules (GAMG keeps its prolongators), and one
+    ``KSPSolveTranspose`` runs from zero. The true residual ``||g - J^T lam||`` must pass
+    ``max(rtol ||g||, atol)``; None on every rank alike (one reduction decides) when the kept SNES
+    is gone, busy, on another pattern or dtype, or the solve did not get there: the caller then
+    solves from scratch (the answer never depends on this path)."""
+    from ..krylov.torch_methods import default_maxiter
+    solver = kept.solver()
+    usable = solver is not None and solver.calls.cb is None and solver.Jmat is not None and \
+        solver.csr is not None and getattr(J, "_layout", None) is kept.layout and \
+        J.values.device.type == "cpu" and not J.values.requires_grad and g.shape == (solver.X.getLocalSize(),) \
+        and all_finite(J.values) and all_finite(g)   # else slasolve.solve's checks say what is wrong
+    if comm.Get_size() > 1:
+        usable = allreduce_int(comm, int(not usable), MPI.MAX) == 0
+    if not usable:
+        return None
+    ksp, A, B, L = solver.snes.getKSP(), solver.Jmat, solver.F, solver.X
+    if solver.adjoint_work is None:
+        solver.adjoint_work = B.duplicate()
+    R = solver.adjoint_work
+    _write_values(A, solver.csr, solver, J)
+    tols, guess = ksp.getTolerances(), ksp.getInitialGuessNonzero()
+    gn = g.detach().to(device="cpu", dtype=torch.float64).contiguous().numpy()
+    try:
+        ksp.setOperators(A, A)
+        n_global = A.getSize()[0]
+        ksp.setTolerances(rtol=float(rtol), atol=float(atol),
+                          max_it=default_maxiter(n_global) if maxiter is None else int(maxiter))
+        ksp.setInitialGuessNonzero(False)
+        B.setArray(gn)
+        L.set(0.0)
+        ksp.solveTranspose(B, L)
+        ok = ksp.getConvergedReason() > 0
+        if ok:   # "converged" means the true residual passes (as slasolve.solve's verification)
+            A.multTranspose(L, R)
+            R.aypx(-1.0, B)     # R = g - J^T lam
+            R.normBegin(), B.normBegin()
+            true, bnorm = R.normEnd(), B.normEnd()
+            ok = math.isfinite(true) and true <= max(float(rtol) * bnorm, float(atol))
+    except PETSc.Error:   # e.g. a preconditioner without a transpose apply: the same on every rank
+        ok = False
+    finally:
+        ksp.setTolerances(rtol=tols[0], atol=tols[1], divtol=tols[2], max_it=tols[3])
+        ksp.setInitialGuessNonzero(guess)
+    if not ok:
+        return None
+    return torch.from_numpy(L.getArray(readonly=True).copy()).to(g.dtype)
+
+
 def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, use_jacobian,
                callback, progress, settings, petsc_options=None, options_prefix=None, r0=None,
                r0_error=None) -> tuple:
-    """Collective. ``(u, NonlinearInfo)`` from PETSc SNES; raises only for errors inside the
+    """Collective. ``(u, NonlinearInfo, kept)`` from PETSc SNES (``kept``: a :class:`KeptTangent`
+    for the backward's :func:`adjoint_solve_kept`, or None when the SNES was made for this call); raises only for errors inside the
     callbacks (collective checks, re-raised on every rank) or a rejected configuration. ``settings``: the call's
     :class:`slasolve.settings.Settings` (agreed by ``nonlinear_solve``), whose key selects the
     kept SNES. ``r0``: ``F(u0)`` from :meth:`Problem.residual_local`, or None with its problem
@@ -422,7 +501,7 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
         if out.drop is not None:   # its prolongators failed: the next call starts afresh
             out.drop()
         out = _snes_run(*args, _REBUILD_ENTRIES)
-    u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup, _ = out
+    u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup, _, kept = out
     # the true residual of the returned u decides "converged": SNES's last evaluation when it
     # was at u on every rank (it is, after a line search step), else one more
     last = cb.last
@@ -453,4 +532,4 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
                          else f"{_linear_method_name(lm)} (matrix-free)", pc=pc,
                          rtol=float(rtol), atol=float(atol), stol=float(stol_), setup_time=setup,
                          solve_time=time.perf_counter() - t0 - setup)
-    return u, info
+    return u, info, kept

@@ -197,6 +197,14 @@ def _adjoint_solve(ctl, u, g):
         from ..krylov.solve import solve
         with torch.no_grad():
             J = ctl["jacobian"](u.detach(), *params).detach()
+        if ctl.get("kept") is not None:
+            # the Newton solve's own KSP and preconditioner on the tangent at the solution (GAMG
+            # keeps its prolongators), as DOLFINx's hand adjoints; None (every rank alike): from scratch
+            from .petsc_snes import adjoint_solve_kept
+            lam = adjoint_solve_kept(ctl["kept"], ctl["comm"], J, g, ls["rtol"], float(ls.get("atol", 0.0)),
+                                     ls.get("maxiter"))
+            if lam is not None:
+                return lam
         # lam = J^{-T} g is the adjoint of x = J^{-1} b at b = 0 (which costs nothing: b == 0
         # returns x = 0 at once): slasolve.solve's own transpose solve, same method and pc
         method = ls.pop("method", "gmres")
@@ -228,7 +236,9 @@ def _adjoint_solve(ctl, u, g):
 
 
 def _newton(prob, u0, backend, settings, petsc_options, options_prefix, kw):
-    """Collective. One Newton run of ``prob`` from ``u0`` on ``backend``: ``(u, NonlinearInfo)``."""
+    """Collective. One Newton run of ``prob`` from ``u0`` on ``backend``: ``(u, NonlinearInfo, kept)``
+    (``kept``: the kept SNES for the backward, see :func:`~slasolve.nonlinear.petsc_snes.adjoint_solve_kept`;
+    None on the torch backend)."""
     if backend == "petsc":
         from .petsc_snes import snes_solve
         # checked (shape, dtype) on every rank, collectively with the Jacobian at u0 (a deferred check)
@@ -237,13 +247,14 @@ def _newton(prob, u0, backend, settings, petsc_options, options_prefix, kw):
         return snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix, r0=r0,
                           r0_error=r0_error, settings=settings, **kw)
     from .torch_newton import newton
-    return newton(prob, u0, r0=prob.residual(u0.detach()), **kw)  # checked collectively
+    return (*newton(prob, u0, r0=prob.residual(u0.detach()), **kw), None)  # checked collectively
 
 
-def _without_objective(prob, u, info, backend, settings, petsc_options, options_prefix, kw):
+def _without_objective(prob, u, info, kept, backend, settings, petsc_options, options_prefix, kw):
     """Collective. Continue a run whose line search on the objective failed from its last iterate
     ``u`` with the line search on ``||F||`` and what is left of the budget, toward the first
-    run's tolerance ``max(rtol ||F(u0)||, atol)``: ``(u, info)`` of both runs together.
+    run's tolerance ``max(rtol ||F(u0)||, atol)``: ``(u, info, kept)`` of both runs together
+    (``kept``: the last run's).
 
     Near a solution the objective's decrease along a Newton step (about ``||F|| ||du||``) falls
     below the rounding of its value (a few ulp of a sum over every cell), so a backtracking test
@@ -251,14 +262,14 @@ def _without_objective(prob, u, info, backend, settings, petsc_options, options_
     neo-Hookean energy at ``||F|| ~ 1e-12``); the residual norm stays informative there."""
     left = kw["maxiter"] - info.iterations
     if left <= 0:
-        return u, info
+        return u, info, kept
     target = max(kw["rtol"] * info.residual_history[0], kw["atol"])
     plain = prob.without_objective()
     values = dict(settings.values, rtol=repr(0.0), atol=repr(target), maxiter=repr(left))
     values["objective given"] = False
     more_kw = dict(kw, rtol=0.0, atol=target, maxiter=left)
-    u2, more = _newton(plain, u.detach(), backend, Settings(values, settings.keyed), petsc_options,
-                       options_prefix, more_kw)
+    u2, more, kept = _newton(plain, u.detach(), backend, Settings(values, settings.keyed), petsc_options,
+                             options_prefix, more_kw)
     prob.nfev, prob.njev = plain.nfev, plain.njev
     reason = more.reason
     if reason == "CONVERGED_FNORM_ABS" and not kw["atol"] >= more.residual_norm:
@@ -270,7 +281,7 @@ def _without_objective(prob, u, info, backend, settings, petsc_options, options_
         linear_iterations_per_step=list(info.linear_iterations_per_step) + list(more.linear_iterations_per_step),
         line_search=f"{info.line_search} on the objective, then on ||F||", rtol=info.rtol, atol=info.atol,
         setup_time=info.setup_time + more.setup_time, solve_time=info.solve_time + more.solve_time)
-    return u2, merged
+    return u2, merged, kept
 
 
 @_log.logged("slaNonlinear", "slaNonlinear")
@@ -427,9 +438,9 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     kw = dict(rtol=rtol, atol=atol, stol=stol, maxiter=int(maxiter), line_search=line_search,
               linear_solver=linear_solver, use_jacobian=jacobian is not None, callback=callback,
               progress=progress)
-    u, info = _newton(prob, u0, backend, settings, petsc_options, options_prefix, kw)
+    u, info, kept = _newton(prob, u0, backend, settings, petsc_options, options_prefix, kw)
     if info.reason == "DIVERGED_LINE_SEARCH" and objective is not None:
-        u, info = _without_objective(prob, u, info, backend, settings, petsc_options, options_prefix, kw)
+        u, info, kept = _without_objective(prob, u, info, kept, backend, settings, petsc_options, options_prefix, kw)
     info.function_evaluations, info.jacobian_evaluations = prob.nfev, prob.njev
     if info.setup_time == 0.0:
         info.solve_time = time.perf_counter() - t0
@@ -438,7 +449,7 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     flat, rebuild = _grad_leaves(params)
     if any(isinstance(p, torch.Tensor) and p.requires_grad for p in flat) and torch.is_grad_enabled():
         ctl = {"residual": user_code(comm, residual, "residual"), "jacobian": user_code(comm, jacobian, "jacobian"), "params": params, "linear_solver": linear_solver,
-               "backend": backend, "comm": comm, "rebuild": rebuild,
+               "backend": backend, "comm": comm, "rebuild": rebuild, "kept": kept,
                "failed": None if info.converged else info.reason}
         u = _ImplicitFunction.apply(u.detach(), ctl, *flat)
     return (u, info) if return_info else u
