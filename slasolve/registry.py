@@ -24,13 +24,19 @@ __all__ = ["KrylovMethod", "Preconditioner", "KRYLOV_METHODS", "PRECONDITIONERS"
 BACKENDS: Tuple[str, ...] = ("petsc", "torch")
 
 
+_DEFAULT_BACKEND: list = []
+
+
 def default_backend() -> str:
-    """Local. ``"petsc"`` when petsc4py imports, else ``"torch"``."""
-    try:
-        from petsc4py import PETSc  # noqa: F401 (imports: PETSc loads)
-        return "petsc"
-    except ImportError:
-        return "torch"
+    """Local. ``"petsc"`` when petsc4py imports, else ``"torch"`` (tried once per process:
+    an import that failed does not succeed later, and one that succeeded stays loaded)."""
+    if not _DEFAULT_BACKEND:
+        try:
+            from petsc4py import PETSc  # noqa: F401 (imports: PETSc loads)
+            _DEFAULT_BACKEND.append("petsc")
+        except ImportError:
+            _DEFAULT_BACKEND.append("torch")
+    return _DEFAULT_BACKEND[0]
 
 
 @dataclass(frozen=True)

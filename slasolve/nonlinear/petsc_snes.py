@@ -51,7 +51,7 @@ from mpi4py import MPI
 
 from .._comm import allreduce_int, check_collective, options_key
 from ..sparse import all_finite
-from ..petsc import PETSc, garbage_cleanup, option_entries, temporary_options
+from ..petsc import PETSc, fill_petsc_mat, garbage_cleanup, option_entries, temporary_options
 from ..registry import petsc_method_name
 from .info import NonlinearInfo
 from .problem import global_norm
@@ -169,7 +169,6 @@ class _Callbacks:
         F.setArray(r.numpy() if r.dtype == torch.float64 else r.to(torch.float64).numpy())
 
     def jacobian(self, snes, X, J, P) -> None:
-        from ..petsc import fill_petsc_mat
         try:
             if self.J0 is not None and self._at_u0(X):
                 dJ = self.J0

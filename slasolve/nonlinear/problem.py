@@ -14,6 +14,7 @@ import torch
 from mpi4py import MPI
 
 from .._comm import allreduce_int, allreduce_sum, check_collective, raise_collected
+from ..dsparse import DSparseTensor
 
 __all__ = ["Problem", "global_norm", "raises_collectively", "solver_iterate"]
 
@@ -180,7 +181,6 @@ class Problem:
         raised on every rank by this call's own check, before any problem of the Jacobian.
         The Jacobian of a ``raises_collectively`` callable is checked with no reduction (and so is
         ``pending`` when the residual is one too: its problems are the same on every rank)."""
-        from ..dsparse import DSparseTensor
         self.njev += 1
         J, err = self._call(self._jacobian, u, iterate=u is self._checked_u)
         if pending is not _NOT_GIVEN and pending is not None:
