@@ -61,3 +61,22 @@ def pytest_collection_modifyitems(config, items):
 def comm():
     from mpi4py import MPI
     return MPI.COMM_WORLD
+
+
+@pytest.fixture
+def shared_dir(request):
+    """Collective: a temporary directory made on rank 0 and broadcast, so every rank uses the same
+    one (pytest's own tmp_path differs per rank, and its cleanup races between ranks); removed by
+    rank 0 after a barrier at the end of the test."""
+    import shutil
+    import tempfile
+
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    prefix = f"slasolve_{request.module.__name__.rsplit('.', 1)[-1]}_"
+    d = world.bcast(tempfile.mkdtemp(prefix=prefix) if world.rank == 0 else None, root=0)
+    yield d
+    world.Barrier()
+    if world.rank == 0:
+        shutil.rmtree(d, ignore_errors=True)

@@ -18,20 +18,6 @@ CASES = [("triangle", (5, 7), (-1.0, 0.0), (2.0, 0.5)),
          ("hexahedron", (3, 2, 5), None, (2.0, 1.0, 1.0))]
 
 
-@pytest.fixture
-def shared_dir():
-    """A temporary directory made on rank 0 and broadcast, so every rank uses the same one
-    (pytest's own tmp_path differs per rank, and its cleanup races between ranks)."""
-    import shutil
-    import tempfile
-
-    d = COMM.bcast(tempfile.mkdtemp(prefix="slasolve_fem_") if COMM.rank == 0 else None, root=0)
-    yield d
-    COMM.Barrier()
-    if COMM.rank == 0:
-        shutil.rmtree(d, ignore_errors=True)
-
-
 def canonical(cells):
     """Orientation-free key of every cell: its sorted vertex ids, as a set of tuples."""
     return {tuple(c) for c in np.sort(np.asarray(cells), axis=1).tolist()}

@@ -6,7 +6,6 @@ the run's size use sub-communicators, so the -n 4 run covers N, M in {1, 2, 3, 4
 """
 import os
 import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -29,15 +28,6 @@ COMM = MPI.COMM_WORLD
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 FIXTURES = {2: os.path.join(DATA, "bracket2d.msh"), 3: os.path.join(DATA, "bracket3d.msh")}
 PARTITIONERS = [pytest.param("ptscotch", marks=pytest.mark.petsc), "metis", "block"]
-
-
-@pytest.fixture
-def shared_dir():
-    d = COMM.bcast(tempfile.mkdtemp(prefix="slasolve_meshio_") if COMM.rank == 0 else None, root=0)
-    yield d
-    COMM.Barrier()
-    if COMM.rank == 0:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def converted(d, dim):

@@ -7,8 +7,6 @@ P1's exactness for a linear solution (a split that leaves a gap or an overlap br
 Run serially and under mpirun -n 2 / 3 / 4 with --with-mpi.
 """
 import os
-import shutil
-import tempfile
 
 import numpy as np
 import pytest
@@ -34,15 +32,6 @@ FACES = {"triangle": [[0, 1], [1, 2], [2, 0]], "quad": [[0, 1], [1, 2], [2, 3], 
          "wedge": [[0, 1, 2], [3, 4, 5], [0, 1, 4, 3], [1, 2, 5, 4], [2, 0, 3, 5]],
          "pyramid": [[0, 1, 2, 3], [0, 1, 4], [1, 2, 4], [2, 3, 4], [3, 0, 4]]}
 CAP = 0.3
-
-
-@pytest.fixture
-def shared_dir():
-    d = COMM.bcast(tempfile.mkdtemp(prefix="slasolve_mixed_") if COMM.rank == 0 else None, root=0)
-    yield d
-    COMM.Barrier()
-    if COMM.rank == 0:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def mixed_mesh(dim, n=4, layers=3, seed=0):

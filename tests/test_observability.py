@@ -312,15 +312,6 @@ def test_plot_without_matplotlib(monkeypatch):
 
 
 # --------------------------------------------------------------------------- ParaView output
-@pytest.fixture
-def shared_dir():
-    d = COMM.bcast(tempfile.mkdtemp(prefix="slasolve_obs_") if COMM.rank == 0 else None, root=0)
-    yield d
-    COMM.Barrier()
-    if COMM.rank == 0:
-        shutil.rmtree(d, ignore_errors=True)
-
-
 @pytest.mark.mpi
 @pytest.mark.parametrize("cell", ["triangle", "hexahedron"])
 def test_pvtu_reads_back_as_one_dataset(shared_dir, cell):
