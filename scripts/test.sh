@@ -154,7 +154,9 @@ run_mpi() {
 # distribution, I/O and assembly: docs/testing.md says which and why); the solvers on top of them
 # run at 3 and 8 ranks in the property tests, which run at 1, 3 and 8 ranks (not 2: the same
 # checks, and an odd count is the harder case), every other MPI test at 1 and 2. A new file runs
-# at 1 and 2 ranks; one that belongs here is added to this list.
+# at 1 and 2 ranks (the steps collect tests/, so it is picked up without being named anywhere);
+# one that belongs here is added to this list by name (a test of such a file that adds nothing past
+# 2 ranks is marked two_ranks).
 ranks4_files=(test_dsparse.py test_halo.py test_partition.py test_dtensor.py test_errors.py
               test_spmd_user_code.py test_adjoint_safety.py test_petsc_bridge.py test_observability.py
               test_fem_mesh.py test_fem_meshio.py test_fem_mixed_cells.py test_fem_facets.py test_fem_assembly.py
@@ -164,7 +166,10 @@ ranks4_files=(test_dsparse.py test_halo.py test_partition.py test_dtensor.py tes
               # stepping (~66 s wall at 4 ranks here, quiet)
               test_tight_tolerance.py test_scipy_defaults.py test_taylor.py test_timestepping.py)
 ranks4_paths=()
-for f in "${ranks4_files[@]}"; do [ ! -f "tests/$f" ] || ranks4_paths+=("tests/$f"); done
+for f in "${ranks4_files[@]}"; do
+  # a renamed or removed file fails the run instead of silently leaving the 4-rank step
+  if [ -f "tests/$f" ]; then ranks4_paths+=("tests/$f"); else echo "ranks4_files: no tests/$f (update scripts/test.sh)"; status=1; fi
+done
 run_mpi 2 "mpi and not property and not once" "MPI tests but the property ones and those marked once"
 # the eigensolver and SciPy-suite tests again under other BLAS/LAPACK kernels and thread counts
 # than the machine's own, so a result that holds only on this CPU's kernels fails here, not on the
