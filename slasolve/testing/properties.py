@@ -97,6 +97,31 @@ def _run_collective_example(comm, example, check) -> Optional[str]:
     return "\n".join(f"[rank {r}] {m}" for r, m in bad)
 
 
+def on_root(comm, fn):
+    """Collective. ``fn()`` called on rank 0 only and its result broadcast to every rank.
+
+    For a reference that every rank would otherwise compute alike (a one-rank solve on
+    ``MPI.COMM_SELF``, a dense LAPACK call): past the cores, ``P`` copies of it compete for
+    them. An exception on rank 0 is raised on every rank (as ``AssertionError`` naming it
+    elsewhere), so no rank waits in the broadcast while rank 0 raises.
+    """
+    out = err = None
+    if comm.Get_rank() == 0:
+        try:
+            out = fn()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # re-raised below, on every rank
+            err = e
+    if comm.Get_size() > 1:
+        out, msg = comm.bcast((out, None if err is None else _describe(err)), root=0)
+        if msg is not None and err is None:
+            raise AssertionError(f"the reference computed on rank 0 failed: {msg}")
+    if err is not None:
+        raise err
+    return out
+
+
 def collective_property(comm, strategy, check, *, name: str, examples: int = 8,
                         full_examples: int = 200, explicit: Sequence = ()) -> None:
     """Collective. Property-based test of ``check`` over ``strategy`` on every rank of
