@@ -125,10 +125,11 @@ _CG_ENTRIES = {"pc_gamg_esteig_ksp_type": "cg", "mg_levels_esteig_ksp_type": "cg
 # ... and, for an estimating KSP that is CG (by these defaults or the user's options), its
 # reductions cut: the natural norm sqrt(r.z) comes with CG's own inner product (the default
 # preconditioned norm costs one more Allreduce per step; the estimates are the same bits, they
-# come from CG's coefficients), and the level smoothers' estimates (made at every set-up under
-# reuse_pc="interpolation": 10 steps on each level) use CG's single-reduction variant (one
-# Allreduce per step instead of two; the same Lanczos coefficients up to rounding). At 2 ranks,
-# 8k-cell Poisson: 99 -> 42 Allreduces per set-up.
+# come from CG's coefficients), and the level smoothers' own estimates (10 steps on a level's
+# operator, on each value change, where GAMG gives the smoother no smoothed-aggregation estimate:
+# options with -pc_gamg_use_sa_esteig false, smoothers other than Jacobi) use CG's single-reduction
+# variant (one Allreduce per step instead of two; the same Lanczos coefficients up to rounding).
+# At 2 ranks, 8k-cell Poisson, re-estimating: 99 -> 42 Allreduces per set-up.
 _CG_ESTEIG_EXTRAS = {"pc_gamg_esteig_": {"ksp_norm_type": "natural"},
                      "mg_levels_esteig_": {"ksp_norm_type": "natural", "ksp_cg_single_reduction": "true"}}
 # CG on several ranks: PETSc's single-reduction variant (the two inner products of a step, z.r and
