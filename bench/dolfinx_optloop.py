@@ -353,7 +353,8 @@ def phases(n: int, problem: str, comm, iters: int) -> dict:
     """Collective. Where one iteration's time goes, both sides (DOLFINx with slasolve's stopping
     test): wall time per phase (a barrier after each, so each phase counts its slowest rank),
     PETSc's event times inside (KSPSolve, PCSetUp, ...) with their counts and flops (load-independent),
-    and, with the PMPI counter preloaded, the MPI reductions and point-to-point sends per phase. Mean per iteration over ``iters``."""
+    and, with the PMPI counter preloaded, the MPI reductions and point-to-point sends per phase.
+    Mean per iteration over ``iters``."""
     sla, dfx = Slasolve(n, comm, problem), Dolfinx(n, comm, True, problem)
     counts = _mpi_counts()
     # KSPSetUp's flops: the smoothers' eigenvalue estimates; PCApply: one per Krylov iteration
