@@ -334,16 +334,17 @@ def _mpi_counts():
 
 
 def _petsc_event_times(names) -> dict:
-    """Local. Seconds logged so far per PETSc event, summed over the log stages (slasolve's
-    solves log in stages of their own)."""
+    """Local. ``(seconds, count, flops)`` logged so far per PETSc event, summed over the log stages
+    (slasolve's solves log in stages of their own). Counts and flops do not depend on the load."""
     out = {}
     for name in names:
-        ev, t = PETSc.Log.Event(name), 0.0
+        ev, t = PETSc.Log.Event(name), np.zeros(3)
         for stage in range(32):
             try:
-                t += ev.getPerfInfo(stage)["time"]
+                info = ev.getPerfInfo(stage)
             except Exception:
                 break
+            t += (info["time"], info["count"], info["flops"])
         out[name] = t
     return out
 
@@ -351,11 +352,13 @@ def _petsc_event_times(names) -> dict:
 def phases(n: int, problem: str, comm, iters: int) -> dict:
     """Collective. Where one iteration's time goes, both sides (DOLFINx with slasolve's stopping
     test): wall time per phase (a barrier after each, so each phase counts its slowest rank),
-    PETSc's KSPSolve / PCSetUp / MatMult times inside, and, with the PMPI counter preloaded, the
-    MPI reductions and point-to-point sends per phase. Mean per iteration over ``iters``."""
+    PETSc's event times inside (KSPSolve, PCSetUp, ...) with their counts and flops (load-independent),
+    and, with the PMPI counter preloaded, the MPI reductions and point-to-point sends per phase.
+    Mean per iteration over ``iters``."""
     sla, dfx = Slasolve(n, comm, problem), Dolfinx(n, comm, True, problem)
     counts = _mpi_counts()
-    events = ("KSPSolve", "PCSetUp", "MatMult")
+    # KSPSetUp's flops: the smoothers' eigenvalue estimates; PCApply: one per Krylov iteration
+    events = ("KSPSolve", "PCSetUp", "KSPSetUp", "PCApply", "MatMult", "MatPtAPNumeric")
     acc: dict = {}
 
     def mark(side, name, t, c):
@@ -396,24 +399,29 @@ def phases(n: int, problem: str, comm, iters: int) -> dict:
         sla_iter(k)
         dfx_iter(k)
     acc.clear()
-    ev = {"slasolve": dict.fromkeys(events, 0.0), "dolfinx": dict.fromkeys(events, 0.0)}
+    ev = {side: {name: np.zeros(3) for name in events} for side in ("slasolve", "dolfinx")}
     for k in range(iters):
         for side, fn in (("slasolve", sla_iter), ("dolfinx", dfx_iter))[::1 if k % 2 == 0 else -1]:
             e0 = _petsc_event_times(events)
             fn(k + 3)
             e1 = _petsc_event_times(events)
             for name in events:
-                ev[side][name] += comm.allreduce(e1[name] - e0[name], op=MPI.MAX)
+                d = e1[name] - e0[name]   # the slowest rank's time, the ranks' counts and flops summed
+                ev[side][name] += [comm.allreduce(d[0], op=MPI.MAX), *comm.allreduce(d[1:], op=MPI.SUM)]
     out = {"problem": problem, "n": n, "ranks": SIZE, "iterations": iters, "counted": counts is not None,
            "phases": {side: {name: {"ms": 1e3 * v[0] / iters, "reductions": v[1] / iters, "sends": v[2] / iters}
                              for name, v in ph.items()} for side, ph in acc.items()},
-           "petsc events ms": {side: {k: 1e3 * v / iters for k, v in e.items()} for side, e in ev.items()}}
+           "petsc events ms": {side: {k: 1e3 * v[0] / iters for k, v in e.items()} for side, e in ev.items()},
+           "petsc events count": {side: {k: v[1] / iters for k, v in e.items()} for side, e in ev.items()},
+           "petsc events Mflop": {side: {k: v[2] / iters / 1e6 for k, v in e.items()} for side, e in ev.items()}}
     rprint(f"{problem} n={n}, {SIZE} rank(s), mean of {iters} iterations (wall ms, barrier after each phase)"
            + (", MPI reductions / sends per phase (rank 0)" if counts else ""))
     for side, ph in out["phases"].items():
         tot = sum(v["ms"] for v in ph.values())
         rprint(f"  {side}: {tot:.2f} ms; PETSc inside: "
                + ", ".join(f"{k} {v:.2f}" for k, v in out["petsc events ms"][side].items()))
+        rprint("    PETSc count / Mflop (summed over ranks): " + ", ".join(
+            f"{k} {out['petsc events count'][side][k]:.0f} / {out['petsc events Mflop'][side][k]:.1f}" for k in events))
         for name, v in ph.items():
             rprint(f"    {name:40s} {v['ms']:8.2f}" + (f"  {v['reductions']:6.1f} {v['sends']:6.1f}" if counts else ""))
     return out

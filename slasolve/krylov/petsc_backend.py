@@ -38,7 +38,10 @@ side changes. Nothing a call asks for survives into the next call:
   options database says otherwise; the default ``reuse_pc="auto"`` uses the
   ``reuse_interpolation`` KSP below, with the checks of ``reuse.with_reuse``): PETSc 3.18 otherwise keeps the old prolongators *and* the
   Chebyshev eigenvalue estimates made for the old matrix, which can give
-  ``DIVERGED_INDEFINITE_PC`` after large value changes (SIMP densities).
+  ``DIVERGED_INDEFINITE_PC`` after large value changes (SIMP densities). The
+  ``reuse_interpolation`` KSP keeps both too (PETSc's default, as DOLFINx), guarded by
+  ``reuse.with_reuse``: a kept preconditioner that fails or slows down is rebuilt from
+  scratch and the solve redone.
 
 Several right-hand sides (``b`` of shape ``(n_local, k)``, :meth:`PetscKrylov.solve_many`,
 and the adjoint :meth:`PetscKrylov.solve_transpose_many`) are solved in one call: the
@@ -99,10 +102,16 @@ _GUESS_STATE = {"bcgs", "fbcgs", "fbcgsr", "pipebcgs"}
 # option defaults slasolve sets (only where the options database has no entry)
 _DEFAULT_ENTRIES = {"pc_gamg_reuse_interpolation": "false"}
 # reuse_pc="interpolation": GAMG keeps its prolongators across value changes (coarse operators
-# and smoothers recomputed); the Chebyshev smoothers then estimate their eigenvalues on each
-# level's new operator instead of keeping the estimates GAMG made for the first values
-# (those gave DIVERGED_INDEFINITE_PC after large SIMP value changes)
-_INTERPOLATION_ENTRIES = {"pc_gamg_reuse_interpolation": "true", "pc_gamg_use_sa_esteig": "false"}
+# recomputed) and, as PETSc's default does (DOLFINx users get that), the Chebyshev smoothers'
+# eigenvalue estimates of its last full set-up (GAMG's smoothed-aggregation ones). Re-estimating
+# on every set-up (-pc_gamg_use_sa_esteig false: 10 CG steps on every level) cost 163 of 198
+# Mflop of the set-up at 1M-cell Poisson, ~10% of the whole optimisation iteration. Stale
+# estimates (DIVERGED_INDEFINITE_PC after large SIMP value changes) are caught by reuse.with_reuse:
+# a kept preconditioner that fails, or needs more than LAG_CAP x the iterations after its last
+# full set-up, is rebuilt from scratch (new prolongators and estimates) and the solve redone;
+# one needing more than LAG_GROWTH x is rebuilt for the next solve. top88 over 40 OC steps:
+# 120x40 no redo (2867 iterations against 2873), 300x100 one redo (11 iterations discarded).
+_INTERPOLATION_ENTRIES = {"pc_gamg_reuse_interpolation": "true"}
 # CG + GAMG: the smoothers' eigenvalue estimates (GAMG's smoothed-aggregation one and the
 # Chebyshev smoothers' own) made by CG, as PETSc does for a Mat flagged SPD, instead of GMRES.
 # GMRES builds its Ritz values in the Euclidean inner product, where D^-1 A of a SIMP matrix
@@ -116,10 +125,11 @@ _CG_ENTRIES = {"pc_gamg_esteig_ksp_type": "cg", "mg_levels_esteig_ksp_type": "cg
 # ... and, for an estimating KSP that is CG (by these defaults or the user's options), its
 # reductions cut: the natural norm sqrt(r.z) comes with CG's own inner product (the default
 # preconditioned norm costs one more Allreduce per step; the estimates are the same bits, they
-# come from CG's coefficients), and the level smoothers' estimates (made at every set-up under
-# reuse_pc="interpolation": 10 steps on each level) use CG's single-reduction variant (one
-# Allreduce per step instead of two; the same Lanczos coefficients up to rounding). At 2 ranks,
-# 8k-cell Poisson: 99 -> 42 Allreduces per set-up.
+# come from CG's coefficients), and the level smoothers' own estimates (10 steps on a level's
+# operator, on each value change, where GAMG gives the smoother no smoothed-aggregation estimate:
+# options with -pc_gamg_use_sa_esteig false, smoothers other than Jacobi) use CG's single-reduction
+# variant (one Allreduce per step instead of two; the same Lanczos coefficients up to rounding).
+# At 2 ranks, 8k-cell Poisson, re-estimating: 99 -> 42 Allreduces per set-up.
 _CG_ESTEIG_EXTRAS = {"pc_gamg_esteig_": {"ksp_norm_type": "natural"},
                      "mg_levels_esteig_": {"ksp_norm_type": "natural", "ksp_cg_single_reduction": "true"}}
 # CG on several ranks: PETSc's single-reduction variant (the two inner products of a step, z.r and

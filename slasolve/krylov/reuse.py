@@ -40,7 +40,8 @@ def with_reuse(solver, run, mode, forward: bool, limit: int, fallback=None, tol=
     many iterations; after such a redo the next 1, 3, 7, ... (consecutive failures; at most
     ``LAG_BACKOFF_MAX``) forward solves build without trying the kept one, so a loop whose
     values jump at every step does not pay the cap at every step. ``"lagged"`` keeps the whole preconditioner (the reuse flag);
-    ``"interpolation"`` passes no flag (its GAMG recomputes all but the prolongators) and
+    ``"interpolation"`` passes no flag (its GAMG recomputes the coarse operators, keeping
+    the prolongators and the smoothers' eigenvalue estimates) and
     builds from scratch with ``reset_pc``. ``True`` keeps it without a cap (PETSc's
     semantics). The adjoint (``forward=False``) runs, uncapped, with whatever the forward
     left (same values: nothing is set up). Decisions use global quantities only (iteration
