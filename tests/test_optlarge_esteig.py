@@ -8,30 +8,15 @@ floating-point work: the estimates are the Lanczos steps made there), every answ
 estimates were not made for, and back), and the reported residual passes the stopping test.
 Run serially and under mpirun -n 2 / 3 with --with-mpi.
 """
-import numpy as np
 import pytest
-import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 import torch
 from mpi4py import MPI
 
 import slasolve
-from slasolve.testing import simp_mbb_system
+from slasolve.testing import simp_mbb_system, spsolve_reference
 
 pytestmark = pytest.mark.mpi
 COMM = MPI.COMM_WORLD
-
-
-def _scipy_ref(K, f, comm):
-    """SciPy's spsolve on the gathered system: this rank's rows of the solution."""
-    loc = K.local.scalar() if K.local.is_block else K.local
-    n = K.global_shape[0] * (K.local.block_shape[0] if K.local.is_block else 1)
-    part = sp.csr_matrix((loc.values.detach().numpy(), loc.indices.numpy(), loc.indptr.numpy()),
-                         shape=(loc.indptr.numel() - 1, n))
-    Kg = sp.vstack(comm.allgather(part)).tocsc()
-    fg = np.concatenate(comm.allgather(f.detach().numpy()))
-    d0 = sum(comm.allgather(f.numel())[:comm.rank])
-    return torch.from_numpy(spla.spsolve(Kg, fg)[d0:d0 + f.numel()])
 
 
 def _rel_err(x, ref, comm):
@@ -75,7 +60,7 @@ def test_default_reuse_keeps_estimates_and_stays_right():
         assert reuse.get("mode") == "interpolation"
         if k > 0 and not reuse.get("rebuilt"):
             kept_setup_flops.append(_setup_flops() - before)
-        ref = _scipy_ref(K, f, COMM)
+        ref = spsolve_reference(K, f, COMM)
         # rtol 1e-10 on a matrix with condition number < 1e7 here: 1e-3 leaves room for any BLAS
         assert _rel_err(u, ref, COMM) <= 1e-3, (k, info.summary())
         r = f - K @ u

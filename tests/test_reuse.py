@@ -20,7 +20,7 @@ from mpi4py import MPI
 import slasolve
 from slasolve import DSparseTensor
 from slasolve.krylov.reuse import LAG_CAP, LAG_GROWTH
-from slasolve.testing import simp_mbb_system
+from slasolve.testing import simp_mbb_system, spsolve_reference
 
 pytestmark = pytest.mark.mpi
 MODES = [True, "lagged", "interpolation"]
@@ -51,18 +51,6 @@ def _densities(comm, nc, off, n):
     g = torch.rand(n, generator=torch.Generator().manual_seed(1), dtype=torch.float64)[off:off + nc]
     big = 0.05 + 0.95 * g ** 2
     return [torch.full((nc,), 0.5), torch.full((nc,), 0.55), torch.full((nc,), 0.6), big, 0.9 * big]
-
-
-def _scipy_ref(K, f, comm):
-    """SciPy's spsolve on the gathered system: this rank's rows of the solution."""
-    loc = K.local.scalar() if K.local.is_block else K.local
-    n = K.global_shape[0] * (K.local.block_shape[0] if K.local.is_block else 1)
-    part = sp.csr_matrix((loc.values.detach().numpy(), loc.indices.numpy(), loc.indptr.numpy()),
-                         shape=(loc.indptr.numel() - 1, n))
-    Kg = sp.vstack(comm.allgather(part)).tocsc()
-    fg = np.concatenate(comm.allgather(f.detach().numpy()))
-    d0 = sum(comm.allgather(f.numel())[:comm.rank])
-    return torch.from_numpy(spla.spsolve(Kg, fg)[d0:d0 + f.numel()])
 
 
 def _events():
@@ -103,7 +91,7 @@ def test_simp_sequence_answers_and_gradients(comm, mode, warm):
     for i, rho in enumerate(_densities(comm, nc, off, n)):
         K, f, x, c, g, info = _compliance_and_grad(system, rho, count, reuse_pc=mode,
                                                    x0="previous" if warm else None)
-        _close(x, _scipy_ref(K, f, comm), comm, 1e-7)
+        _close(x, spsolve_reference(K, f, comm), comm, 1e-7)
         _, _, _, c_ref, g_ref, _ = _compliance_and_grad(system, rho, count, options_prefix="plain_")
         assert abs(c - c_ref) <= 1e-8 * abs(c_ref)
         _close(g, g_ref, comm, 1e-7)
@@ -264,7 +252,7 @@ def test_modes_never_leak_into_later_calls(comm):
         _, fresh = slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, maxiter=600, return_info=True,
                                   options_prefix=f"fresh{i}_", reuse_pc=False)
         assert info.iterations == fresh.iterations and info.pc_reuse is None
-        _close(x, _scipy_ref(K, f, comm), comm, 1e-7)
+        _close(x, spsolve_reference(K, f, comm), comm, 1e-7)
     K, f = system(rhos[4])
     _, info = slasolve.solve(K, f, "cg", pc="gamg", rtol=1e-10, maxiter=600, return_info=True, reuse_pc="lagged")
     assert info.pc_reuse["rebuilt"]
@@ -372,7 +360,7 @@ def test_auto_is_the_default(comm, backend, pc, expected):
         K, f = system(rho)
         x, info = slasolve.solve(K, f, "cg", pc=pc, backend=backend, rtol=1e-10, maxiter=2000, return_info=True)
         assert (info.pc_reuse or {}).get("mode") == expected
-        _close(x, _scipy_ref(K, f, comm), comm, 1e-7)
+        _close(x, spsolve_reference(K, f, comm), comm, 1e-7)
 
 
 @pytest.mark.parametrize("mode", ["lagged", "interpolation"])
@@ -389,7 +377,7 @@ def test_other_tolerances_neither_capped_nor_judged(comm, mode):
     x, tight = slasolve.solve(K, f, "cg", rtol=1e-12, **kw)
     assert tight.converged and not tight.pc_reuse["rebuilt"] and not tight.pc_reuse["retried"]
     assert tight.iterations > first.iterations
-    _close(x, _scipy_ref(K, f, comm), comm, 1e-9)
+    _close(x, spsolve_reference(K, f, comm), comm, 1e-9)
     K, f = system(rhos[0] * 1.02)
     _, again = slasolve.solve(K, f, "cg", rtol=1e-6, **kw)
     assert not again.pc_reuse["rebuilt"] and not again.pc_reuse["retried"]
@@ -419,4 +407,4 @@ def test_kept_preconditioner_is_rebuilt_for_the_same_values(comm):
     assert not kept.pc_reuse["retried"]
     assert c1["gamg"] - c0["gamg"] == 0 and c2["gamg"] - c1["gamg"] == 1 and c3["gamg"] == c2["gamg"]
     assert info.iterations == again.iterations == fresh.iterations
-    _close(x, _scipy_ref(K, f, comm), comm, 1e-7)
+    _close(x, spsolve_reference(K, f, comm), comm, 1e-7)

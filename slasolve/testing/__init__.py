@@ -23,12 +23,13 @@ from .matrices import (MATRIX_KINDS, block_spd_matrix, case_matrix, distribute, 
                        random_block_matrix, random_coords, random_matrix, random_partition,
                        repeated_spectrum_matrix, separated_spectrum_matrix, simp_mbb_system, spd_matrix,
                        symmetric_indefinite_matrix, with_empty_rows)
-from .properties import collective_property, eig_selection_error, on_root, property_config, residual_bound_ok
+from .properties import (collective_property, eig_selection_error, on_root, property_config, residual_bound_ok,
+                         spsolve_reference)
 
 __all__ = ["taylor_test", "TaylorResult", "TaylorTestError", "local_slice", "replicate", "global_offsets",
            "poisson_matrix", "grid_coords", "random_matrix", "block_spd_matrix", "spd_matrix",
            "nonsymmetric_matrix", "symmetric_indefinite_matrix", "graph_laplacian", "separated_spectrum_matrix",
            "repeated_spectrum_matrix", "mass_like_matrix", "random_block_matrix", "with_empty_rows",
            "random_coords", "random_partition", "eig_selection_error", "residual_bound_ok", "property_config",
-           "collective_property", "on_root", "simp_mbb_system", "MATRIX_KINDS", "case_matrix", "distribute",
+           "collective_property", "on_root", "spsolve_reference", "simp_mbb_system", "MATRIX_KINDS", "case_matrix", "distribute",
            "distribute_or_none"]

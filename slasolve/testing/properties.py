@@ -97,6 +97,24 @@ def _run_collective_example(comm, example, check) -> Optional[str]:
     return "\n".join(f"[rank {r}] {m}" for r, m in bad)
 
 
+def spsolve_reference(A, b, comm):
+    """Collective. SciPy's ``spsolve`` on the gathered system ``A x = b`` (``A`` a row-shard
+    :class:`~slasolve.DSparseTensor`, scalar or block; ``b`` this rank's rows): this rank's rows of
+    ``x``, as a float64 tensor. A reference for small test systems (every rank holds the whole
+    matrix)."""
+    import scipy.sparse as sp
+    import scipy.sparse.linalg as spla
+    import torch
+    loc = A.local.scalar() if A.local.is_block else A.local
+    n = A.global_shape[0] * (A.local.block_shape[0] if A.local.is_block else 1)
+    part = sp.csr_matrix((loc.values.detach().numpy(), loc.indices.numpy(), loc.indptr.numpy()),
+                         shape=(loc.indptr.numel() - 1, n))
+    Ag = sp.vstack(comm.allgather(part)).tocsc()
+    bg = np.concatenate(comm.allgather(b.detach().numpy()))
+    d0 = sum(comm.allgather(b.numel())[:comm.rank])
+    return torch.from_numpy(spla.spsolve(Ag, bg)[d0:d0 + b.numel()])
+
+
 def on_root(comm, fn):
     """Collective. ``fn()`` called on rank 0 only and its result broadcast to every rank.
 
