@@ -837,13 +837,15 @@ date and a load were measured on a loaded machine (other engineers' tests and be
   against 15k): ~2.4M cycles, ~0.8 ms of the ~1.1 ms gap. What is left is the number of small NumPy / torch
   operations per residual and Jacobian evaluation (9 per solve), not PETSc work; a fused kernel writing into
   PETSc's arrays is the next step.
-* Neo-Hookean at 500k cells (`bench/dolfinx_nonlinear.py --problem neohookean2d --n 500` / `neohookean3d --n
-  44`, 2 trials, measured while other jobs ran, load 3-13): forward / DOLFINx 2-D 1.08 (1 rank), 1.22 (2
-  ranks), 3-D 1.10 (1); against DOLFINx with slasolve's stopping test 1.16, 1.13, 0.90; forward + gradient
-  0.93, 0.91, 0.74 (same test 1.11, 1.04, 0.67). At 2-D 500k slasolve takes 8 Newton steps against 7 for
-  DOLFINx with the same test: the last residual, 4e-14, is ~10x above the rounding floor of the assembled
-  residual, where the two assemblies' rounding decides whether a step passes. 3-D at 2 ranks not measured
-  (cut for time).
+* Neo-Hookean at 500k cells, measured for the first time (`bench/dolfinx_nonlinear.py --problem
+  neohookean2d --n 500` / `neohookean3d --n 44`; console output in `neohookean_500k_2026-11-28.log`). On
+  the quiet machine, one trial each: forward / DOLFINx 2-D 1.07 (1 rank), 1.23 (2 ranks), 3-D 1.00 (2
+  ranks); against DOLFINx with slasolve's stopping test 0.76, 1.16, 0.83; forward + gradient 1.23, 1.26,
+  0.89 (same test 0.93, 1.30, 0.66). Earlier, 2 trials while other jobs ran (load 3-13): 2-D 1.08 (1),
+  1.22 (2), 3-D 1.10 (1); same test 1.16, 1.13, 0.90; forward + gradient 0.93, 0.91, 0.74. At 2-D 500k
+  slasolve takes 8 Newton steps against 7 for DOLFINx with the same test (6 with its own): the last
+  residual, 4e-14, is ~10x above the rounding floor of the assembled residual, where the two assemblies'
+  rounding decides whether a step passes; that step is most of the 2-rank gap (1.16-1.23x).
 """
 
 
