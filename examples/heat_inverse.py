@@ -31,7 +31,6 @@ the same as one XDMF + HDF5 file set, every rank writing its share (ParaView and
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -47,18 +46,8 @@ from mpi4py import MPI
 import slasolve
 from slasolve import global_sum
 from slasolve.fem import Assembler, box_mesh, write_mesh
-from slasolve.testing import local_slice, taylor_test
+from slasolve.testing import local_slice, normal_by_id, taylor_test
 from slasolve.timestepping import LinearTimeProblem, integrate
-
-
-def hash_normal(ids: torch.Tensor, stream: int) -> torch.Tensor:
-    """Local. Pseudo-random normal numbers that depend only on ``(id, stream)`` (so the noise at
-    a node does not depend on which rank owns it): two hashed uniforms, Box-Muller."""
-    x = ids.to(torch.float64) * 0.6180339887 + 0.1234 * stream
-
-    def uniform(s):
-        return torch.frac(torch.abs(torch.sin(x * 12.9898 + s) * 43758.5453)).clamp(1e-12, 1 - 1e-12)
-    return torch.sqrt(-2 * torch.log(uniform(0.0))) * torch.cos(2 * math.pi * uniform(7.0))
 
 
 class HeatSourceProblem:
@@ -87,7 +76,7 @@ class HeatSourceProblem:
         ids = torch.arange(*V.dof_range)
         vmax = self.comm.allreduce(max(float(c.abs().max()) if c.numel() else 0.0 for c in clean), op=MPI.MAX)
         self.sigma = noise * max(vmax, 1e-12)
-        self.data = [c + self.sigma * hash_normal(ids, k) for k, c in enumerate(clean)]
+        self.data = [c + self.sigma * normal_by_id(ids, 0, k) for k, c in enumerate(clean)]
 
     def source(self, t: float, q: torch.Tensor) -> torch.Tensor:
         """Collective. The load vector ``M q`` of the nodal source (constant in time)."""

@@ -68,7 +68,7 @@ from mpi4py import MPI
 from slasolve import global_sum as allreduce_sum
 from slasolve.fem import (Assembler, DirichletBC, NeoHookean, boundary_dofs, box_mesh, cell_laplacian,
                           dual_graph_laplacian, read_mesh, tagged_facets, tagged_nodes, write_mesh, write_xdmf)
-from slasolve.testing import local_slice
+from slasolve.testing import local_slice, normal_by_id
 from slasolve import nonlinear_solve
 from slasolve import parse_args as parse_petsc_args  # noqa: E402
 
@@ -76,23 +76,6 @@ LENGTH, HEIGHT = 2.0, 1.0
 MU_MIN, LAMBDA = 0.1, 4.0
 #: right-edge tractions of the load cases (force per unit reference length)
 LOADS = ((0.0, -0.06), (0.12, 0.06))
-
-
-def hash_normal(ids: np.ndarray, seed: int, stream: int) -> np.ndarray:
-    """Local. Standard normal numbers depending only on ``(seed, stream, id)`` (SplitMix64 +
-    Box-Muller; the same scheme as ``examples/inverse_conductivity.py``)."""
-    def splitmix(z):
-        z = z + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-    with np.errstate(over="ignore"):
-        key = (np.asarray(ids, dtype=np.uint64) * np.uint64(8) + np.uint64(2 * stream)) \
-            ^ (np.uint64(seed) * np.uint64(0xD1B54A32D192ED03))
-        u1 = (splitmix(key) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-        u2 = (splitmix(key + np.uint64(1)) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-    return np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * math.pi * u2)
 
 
 def true_mu(c: torch.Tensor) -> torch.Tensor:
@@ -159,7 +142,7 @@ class HyperelasticProblem:
             u_true = self.displacements(theta_of(self.mu_true))
         umax = max(self.comm.allreduce(float(u.abs().max()), op=MPI.MAX) for u in u_true)
         self.sigma = float(noise) * umax
-        self.data = [u + self.sigma * torch.from_numpy(hash_normal(ids, seed, k)) for k, u in enumerate(u_true)]
+        self.data = [u + self.sigma * normal_by_id(ids, seed, k) for k, u in enumerate(u_true)]
         self.u_true = u_true
         self.free = ~clamp.constrained
         self.n_obs = int(allreduce_sum(self.free.sum().to(torch.float64), self.comm)) * len(LOADS)

@@ -58,26 +58,8 @@ import slasolve
 from slasolve import global_sum as allreduce_sum
 from slasolve.fem import (Assembler, DirichletBC, boundary_dofs, box_mesh, cell_laplacian, dual_graph_laplacian,
                           element_volume, read_mesh, write_mesh, write_xdmf)
-from slasolve.testing import local_slice
+from slasolve.testing import local_slice, normal_by_id
 from slasolve import parse_args as parse_petsc_args  # noqa: E402
-
-
-def hash_normal(ids: np.ndarray, seed: int, stream: int) -> np.ndarray:
-    """Local. Standard normal numbers that depend only on ``(seed, stream, id)``: SplitMix64 of
-    the id gives two uniforms, Box-Muller turns them into one normal. No RNG state, so the
-    noise at a node does not depend on which rank owns it."""
-    def splitmix(z):
-        z = z + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
-
-    with np.errstate(over="ignore"):
-        key = (np.asarray(ids, dtype=np.uint64) * np.uint64(8) + np.uint64(2 * stream)) \
-            ^ (np.uint64(seed) * np.uint64(0xD1B54A32D192ED03))
-        u1 = (splitmix(key) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-        u2 = (splitmix(key + np.uint64(1)) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-    return np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * math.pi * u2)
 
 
 def true_log_conductivity(c: torch.Tensor) -> torch.Tensor:
@@ -134,7 +116,7 @@ class ConductivityProblem:
         self.theta_true = true_log_conductivity(centroids)
         with torch.no_grad():
             u_true = self.potentials(self.theta_true)
-        eta = torch.from_numpy(np.stack([hash_normal(ids, seed, k) for k in range(2)], 1))
+        eta = torch.stack([normal_by_id(ids, seed, k) for k in range(2)], 1)
         self.sigma = float(noise)              # the data range of u = x, u = y is 1
         self.data = u_true + self.sigma * eta
         self.u_true = u_true

@@ -7,6 +7,8 @@ User-facing (documented, stable):
   sharded tensors with autograd, so ``torch.autograd.gradcheck`` perturbs the same
   inputs on every rank: wrap a distributed function as ``global input -> local_slice ->
   op -> replicate -> global output`` and gradcheck that on every rank at once;
+* :func:`normal_by_id` -- normal numbers keyed by global id: synthetic data (noise) that is
+  the same at every rank count;
 * :func:`poisson_matrix` / :func:`grid_coords` -- a small reference matrix and its grid.
 
 The test suite's own fixtures live in submodules: :mod:`slasolve.testing.matrices` (the
@@ -17,7 +19,7 @@ their names are re-exported here for the existing tests.
 from __future__ import annotations
 
 from ..taylor import TaylorResult, TaylorTestError, taylor_test
-from .distributed import global_offsets, local_slice, replicate
+from .distributed import global_offsets, local_slice, normal_by_id, replicate
 from .matrices import (MATRIX_KINDS, block_spd_matrix, case_matrix, distribute, distribute_or_none,
                        graph_laplacian, grid_coords, mass_like_matrix, nonsymmetric_matrix, poisson_matrix,
                        random_block_matrix, random_coords, random_matrix, random_partition,
@@ -26,7 +28,7 @@ from .matrices import (MATRIX_KINDS, block_spd_matrix, case_matrix, distribute, 
 from .properties import (collective_property, eig_selection_error, on_root, property_config, residual_bound_ok,
                          spsolve_reference)
 
-__all__ = ["taylor_test", "TaylorResult", "TaylorTestError", "local_slice", "replicate", "global_offsets",
+__all__ = ["taylor_test", "TaylorResult", "TaylorTestError", "local_slice", "replicate", "global_offsets", "normal_by_id",
            "poisson_matrix", "grid_coords", "random_matrix", "block_spd_matrix", "spd_matrix",
            "nonsymmetric_matrix", "symmetric_indefinite_matrix", "graph_laplacian", "separated_spectrum_matrix",
            "repeated_spectrum_matrix", "mass_like_matrix", "random_block_matrix", "with_empty_rows",
