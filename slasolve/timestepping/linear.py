@@ -28,17 +28,23 @@ import math
 from typing import Callable, Dict, Optional, Tuple, Union
 
 import torch
+from mpi4py import MPI
 
-from .._comm import allreduce_max, check_collective, user_code
+from .._comm import allreduce_int, allreduce_max, check_collective, raise_collected
 from ..autograd import matvec_value_grad
 from ..dsparse import DSparseTensor
 from ..layout import forward_product
 from .schemes import Scheme, scheme as make_scheme
 
-__all__ = ["LinearTimeProblem", "CHECK_BATCH"]
+__all__ = ["LinearTimeProblem", "CHECK_BATCH", "ADJOINT_BATCH"]
 
-#: direct solves whose backward-error checks share one Allreduce
+#: direct solves (and source calls) whose backward-error checks (and errors) share one Allreduce
 CHECK_BATCH = 256
+#: adjoint steps whose source vector-Jacobian products (one autograd call) and value gradients of
+#: ``M`` and ``K`` (one halo exchange) are made together
+ADJOINT_BATCH = 32
+#: the most ``batch x nnz`` entries of the batched value gradients' temporaries (32 MiB of float64)
+VALUE_GRAD_ENTRIES = 1 << 22
 
 
 def _absmax(t: torch.Tensor) -> torch.Tensor:
@@ -47,31 +53,76 @@ def _absmax(t: torch.Tensor) -> torch.Tensor:
 
 
 class _SolveChecks:
-    """Collective (:meth:`add` every ``CHECK_BATCH`` calls, :meth:`flush`). The normwise
-    backward errors ``max|r| / (||A|| max|x| + max|b|)`` of direct solves, as
-    ``slasolve.direct`` checks every solve, reduced in batches: every rank records the same
-    number of solves, so every rank reduces (and raises) at the same calls."""
+    """Collective (:meth:`add` and guarded source calls every ``CHECK_BATCH`` records,
+    :meth:`flush`). The normwise backward errors ``max|r| / (||A|| max|x| + max|b|)`` of direct
+    solves, as ``slasolve.direct`` checks every solve, and whether the source raised on this
+    rank, reduced in batches: every rank records the same number of solves and source calls, so
+    every rank reduces (and raises) at the same calls. ``what``: the factorisation, or None when
+    the solves are Krylov solves (they check themselves; only the source's errors are kept)."""
 
-    def __init__(self, comm, backend: str, kind: str):
-        self.comm, self.what = comm, f"{kind} factorisation ({backend})"
+    def __init__(self, comm, what: Optional[str]):
+        self.comm, self.what = comm, what
         self.local: list = []
         self.norms: list = []
+        self.error: Optional[BaseException] = None
+        self.records = 0       # solves and source calls since the last flush (the same on every rank)
 
     def add(self, r: torch.Tensor, x: torch.Tensor, b: torch.Tensor, anorm: float) -> None:
         with torch.no_grad():
             self.local.append(torch.stack([_absmax(r), _absmax(x), _absmax(b)]))
         self.norms.append(anorm)
-        if len(self.local) >= CHECK_BATCH:
+        self._count()
+
+    def _count(self) -> None:
+        self.records += 1
+        if self.records >= CHECK_BATCH:
             self.flush()
 
+    def guarded(self, fn: Callable) -> Callable:
+        """Local (the returned function is Collective every ``CHECK_BATCH`` calls). ``fn`` with its
+        exceptions kept for the next :meth:`flush` (which raises on every rank): a failed call
+        returns None, and the sweep goes on with the same calls on every rank until then. One rank:
+        ``fn`` itself (its errors raised at once)."""
+        if self.comm.Get_size() == 1:
+            return fn
+
+        def call(*args):
+            out = None
+            try:
+                out = fn(*args)
+            except Exception as e:  # noqa: BLE001 - user code: raised on every rank at the next flush
+                self.keep(e)
+            self._count()
+            return out
+        return call
+
+    def keep(self, e: Exception) -> None:
+        """Local. Keep ``e`` (the first one) for the next :meth:`flush`, or raise it now where every
+        rank raises at this point anyway (one rank; a collective failure inside user code)."""
+        if self.comm.Get_size() == 1 or getattr(e, "raised_on_every_rank", False):
+            raise e
+        if self.error is None:
+            self.error = e
+
     def flush(self) -> None:
-        if not self.local:
+        if not self.records:
             return
+        self.records = 0
         from ..direct import BACKWARD_ERROR_TOL, FactorizationError
-        loc = torch.nan_to_num(torch.stack(self.local).to(torch.float64), nan=math.inf)
-        glob = allreduce_max(self.comm, loc.reshape(-1)).reshape(loc.shape)
+        loc = torch.nan_to_num(torch.stack(self.local).to(torch.float64), nan=math.inf) if self.local else \
+            torch.zeros((0, 3), dtype=torch.float64)
+        shape = loc.shape
+        # the source's failure flag rides on the same reduction
+        flat = torch.cat([loc.reshape(-1), torch.tensor([0.0 if self.error is None else 1.0], dtype=torch.float64)])
+        glob = allreduce_max(self.comm, flat)
         anorm = torch.tensor(self.norms, dtype=torch.float64)
         self.local, self.norms = [], []
+        if float(glob[-1]) > 0:
+            err, self.error = self.error, None
+            raise_collected(self.comm, err, allreduce_int(self.comm, 0 if err is None else 1))
+        if not shape[0]:
+            return
+        glob = glob[:-1].reshape(shape)
         rn, xn, bn = glob[:, 0], glob[:, 1], glob[:, 2]
         denom = anorm * xn + bn
         berr = torch.where(denom > 0, rn / torch.where(denom > 0, denom, torch.ones_like(denom)),
@@ -203,7 +254,8 @@ class LinearTimeProblem:
                                            "rtol": repr(rtol), "backend": repr(backend),
                                            "source given": source is not None})
         self.M, self.K = M, K
-        self.source = None if source is None else user_code(M.comm, self._checked_source(source, M.n_local), "source")
+        # its errors are combined over the ranks in each integration's batched checks (begin)
+        self.source = None if source is None else self._checked_source(source, M.n_local)
         self.method, self.pc, self.rtol, self.backend = method, pc, float(rtol), backend
         self.solver_options = dict(solver_options or {})
         self.comm = M.comm
@@ -255,7 +307,12 @@ class LinearTimeProblem:
         st._symmetric = st._MK is not None and exactly_symmetric(st._Md) and exactly_symmetric(st._Kd)
         st._products = []     # [(u, M u, K u)] of the latest states (the next step's right-hand side)
         F = next(iter(st._ops.values()))[1]
-        st._checks = None if F is None else _SolveChecks(self.comm, F.info.backend, F.info.factorization or "")
+        st._checks = _SolveChecks(self.comm, None if F is None else
+                                  f"{F.info.factorization or ''} factorisation ({F.info.backend})")
+        st._src = None if self.source is None else st._checks.guarded(self.source)
+        st._cot = {}     # time level -> the source's pending cotangent (the adjoint's batched VJPs)
+        st._vg = ([], [], [])   # the adjoint's pending (mu, M's U, K's U) for the values' gradients
+        st._vg_batch = None     # set (collectively) by the first adjoint step that needs it
         return st
 
     def _pair(self, u: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -345,7 +402,8 @@ class LinearTimeProblem:
         return f
 
     def _f(self, t: float, params) -> Optional[torch.Tensor]:
-        return None if self.source is None else self.source(t, *params)
+        # None also where the source raised on this rank (every rank raises at the next flush)
+        return None if self._src is None else self._src(t, *params)
 
     def advance(self, state: Tuple[torch.Tensor, ...], n: int, t0: float, params) -> torch.Tensor:
         """Collective. ``u_{n+1}`` from ``state = (u_n, u_{n-1}, ...)`` (no autograd)."""
@@ -389,23 +447,74 @@ class LinearTimeProblem:
                 g = -(dt * beta[j]) * KTmu if g is None else g - (dt * beta[j]) * KTmu
             d_state[j - 1] = g
         d_inputs = [None, None]
-        if want_inputs[0]:
-            UM = alpha[0] * u_new + sum(alpha[j] * state[j - 1] for j in range(1, k + 1) if alpha[j] != 0.0)
-            d_inputs[0] = matvec_value_grad(self._Md, -mu, UM)
-        if want_inputs[1]:
-            UK = dt * (beta[0] * u_new + sum(beta[j] * state[j - 1] for j in range(1, k + 1) if beta[j] != 0.0))
-            d_inputs[1] = matvec_value_grad(self._Kd, -mu, UK)
+        if any(want_inputs):
+            # d<-mu, M UM + K UK>/d values, summed over the steps: the steps' (mu, U) pairs are kept and
+            # reduced together (one halo exchange and one pass over the entries per batch)
+            if self._vg_batch is None:
+                # batch x nnz temporaries: at most VALUE_GRAD_ENTRIES on the rank with the most entries
+                # (the same batch on every rank: each batch makes one halo exchange)
+                nnz = allreduce_int(self.comm, int(self._Md.values.numel()), MPI.MAX)
+                self._vg_batch = max(1, min(ADJOINT_BATCH, VALUE_GRAD_ENTRIES // max(1, nnz)))
+            self._vg[0].append(mu)
+            if want_inputs[0]:
+                self._vg[1].append(alpha[0] * u_new + sum(alpha[j] * state[j - 1] for j in range(1, k + 1)
+                                                          if alpha[j] != 0.0))
+            if want_inputs[1]:
+                self._vg[2].append(dt * (beta[0] * u_new + sum(beta[j] * state[j - 1] for j in range(1, k + 1)
+                                                               if beta[j] != 0.0)))
+            if len(self._vg[0]) >= self._vg_batch:
+                d_inputs = self._value_grads()
         d_params = [None] * len(params)
         if self.source is not None and any(want_params):
-            with torch.enable_grad():
-                ps = [p.detach().requires_grad_(True) if w else p for p, w in zip(params, want_params)]
-                s = None
-                for j, bj in enumerate(beta):
-                    if bj != 0.0:
-                        term = (dt * bj) * (self._f(t0 + (n + 1 - j) * dt, ps) * mu).sum()
-                        s = term if s is None else s + term
-                leaves = [p for p, w in zip(ps, want_params) if w]
-                grads = torch.autograd.grad(s, leaves, allow_unused=True) if s is not None else [None] * len(leaves)
-            it = iter(grads)
-            d_params = [next(it) if w else None for w in want_params]
+            # f(t_m) enters the steps m - 1 (j = 0) and m (j = 1, Crank-Nicolson): its cotangents are
+            # summed per time level, and the levels no later step reaches (m > n) are differentiated
+            # ADJOINT_BATCH at a time, in one autograd call
+            for j, bj in enumerate(beta):
+                if bj != 0.0:
+                    c = (dt * bj) * mu
+                    m = n + 1 - j
+                    self._cot[m] = c if m not in self._cot else self._cot[m] + c
+            if len(self._cot) > ADJOINT_BATCH + self.scheme.history:
+                done = [m for m in self._cot if m > n]
+                if len(done) >= ADJOINT_BATCH:
+                    d_params = self._source_vjp(done, t0, params, want_params)
         return d_state, d_inputs, d_params
+
+    def adjoint_finish(self, t0: float, params, want_params) -> tuple:
+        """Collective. ``(d_inputs, d_params)``: the gradients still pending in :meth:`adjoint`'s
+        batches (the backward calls it once, after the last adjoint step); None where there are none."""
+        d_inputs = self._value_grads() if self._vg[0] else [None, None]
+        if self.source is None or not self._cot or not any(want_params):
+            self._cot = {}
+            return d_inputs, [None] * len(params)
+        return d_inputs, self._source_vjp(list(self._cot), t0, params, want_params)
+
+    def _value_grads(self) -> list:
+        """Collective (one halo exchange per matrix). The pending steps' parts of the gradients of
+        ``M``'s and ``K``'s values."""
+        G = -torch.stack(self._vg[0], 1)
+        out = [None if not U else matvec_value_grad(D, G, torch.stack(U, 1))
+               for D, U in ((self._Md, self._vg[1]), (self._Kd, self._vg[2]))]
+        self._vg = ([], [], [])
+        return out
+
+    def _source_vjp(self, levels, t0: float, params, want_params) -> list:
+        """Collective (the source's calls). ``sum_m f_params(t_m)^T c_m`` over ``levels``, their
+        cotangents removed from the pending ones; None entries where this rank's source raised
+        (raised on every rank at the next flush) or a param is unused."""
+        cots = [self._cot.pop(m) for m in levels]
+        dt = self._dt
+        with torch.enable_grad():
+            ps = [p.detach().requires_grad_(True) if w else p for p, w in zip(params, want_params)]
+            fs = [self._f(t0 + m * dt, ps) for m in levels]
+            leaves = [p for p, w in zip(ps, want_params) if w]
+            grads = [None] * len(leaves)
+            if all(f is not None for f in fs):
+                s = torch.stack([torch.dot(f, c.to(f.dtype)) for f, c in zip(fs, cots)]).sum()
+                if s.requires_grad:
+                    try:
+                        grads = torch.autograd.grad(s, leaves, allow_unused=True)
+                    except Exception as e:  # noqa: BLE001 - the user's source: raised on every rank at the flush
+                        self._checks.keep(e)
+        it = iter(grads)
+        return [next(it) if w else None for w in want_params]
