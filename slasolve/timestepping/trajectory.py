@@ -431,6 +431,8 @@ def integrate(problem, u0: torch.Tensor, *params, dt: float, n_steps: int, t0: f
         "number of params": len(params), "requires grad": needs,
         "return_info": bool(return_info), "dtype": str(u0.dtype)})
     stepper = problem.begin(dt)
+    if hasattr(stepper, "set_steps"):
+        stepper.set_steps(n_steps)
     order = [n_steps] if out_list is None else out_list
     if state_free:
         acts = iter([("forward", 0, n_steps, False, False, "work"), ("end_forward",),
