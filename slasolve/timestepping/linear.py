@@ -28,9 +28,9 @@ The adjoint batches what the forward does not pay: the source's vector-Jacobian 
 summed per time level (Crank-Nicolson reads ``f(t_m)`` in steps ``m - 1`` and ``m``) and made
 ``ADJOINT_BATCH`` levels per autograd call, and the gradients of ``M``'s and ``K``'s values
 ``ADJOINT_BATCH`` steps per halo exchange. ``backend="scipy"`` on several ranks factorises the
-gathered step matrix on every rank (small problems): the forward steps run on whole vectors,
-the source gathered ``ADJOINT_BATCH`` levels at a time, and an adjoint solve is one Allgatherv,
-instead of a distributed factorisation's ~100 collectives per solve.
+gathered step matrix on every rank (small problems): the forward and adjoint steps run on whole
+vectors, the source gathered ``ADJOINT_BATCH`` levels at a time, instead of a distributed
+factorisation's ~100 collectives per solve.
 """
 from __future__ import annotations
 
@@ -309,8 +309,9 @@ class LinearTimeProblem:
         ``"petsc"`` (MUMPS, distributed) or ``"scipy"`` (SuperLU; on several ranks every rank
         gathers the whole step matrices once and factorises the step matrix: the forward steps
         run on whole vectors, the same on every rank, with one Allgatherv per 32 source levels,
-        and an adjoint step's solve is one Allgatherv. For small problems, where a distributed
-        solve's ~100 collectives per call at 2 ranks dominate a step).
+        and so do the adjoint steps (an Allgatherv only where the loss adds a gradient, or for
+        BDF2). For small problems, where a distributed solve's ~100 collectives per call at 2
+        ranks dominate a step; every rank holds the whole matrices and factors).
 
     Raises ValueError / TypeError on every rank for matrices of different patterns, shapes
     or distributions, or bad settings.
@@ -409,27 +410,29 @@ class LinearTimeProblem:
         # the redundant forward (backend="scipy" on several ranks): M and K whole and their owned rows
         # (no autograd), the latest states whole, f(t_m) whole for a batch of levels
         st._full_M = st._full_K = None
-        st._wholes, st._fwhole = [], {}
+        st._wholes, st._fwhole, st._adj_wholes = [], {}, []
         if st._MK is not None and all(isinstance(F, _Redundant) for _, F in st._ops.values()):
-            st._full_M, st._full_K, st._full_M_rows, st._full_K_rows = st._whole_matrices()
+            (st._full_M, st._full_K, st._full_M_rows, st._full_K_rows, st._full_MT,
+             st._full_KT) = st._whole_matrices()
         st._cot = {}     # time level -> the source's pending cotangent (the adjoint's batched VJPs)
         st._vg = ([], [], [])   # the adjoint's pending (mu, M's U, K's U) for the values' gradients
         st._vg_batch = None     # set (collectively) by the first adjoint step that needs it
         return st
 
     def _whole_matrices(self):
-        """Collective (two allgathers). ``M``, ``K`` whole and their owned rows, torch CSR."""
+        """Collective (two allgathers). ``M``, ``K`` whole, their owned rows, and ``M^T``, ``K^T``
+        whole, torch CSR."""
         out = []
         for D in (self._Md, self._Kd):
             G, counts = _gather_csr(D)
             r0 = int(counts[:self.comm.Get_rank()].sum())
-            for part in (G, G[r0:r0 + D.n_local]):
+            for part in (G, G[r0:r0 + D.n_local], G.T):
                 part = part.tocsr()
                 out.append(torch.sparse_csr_tensor(torch.from_numpy(part.indptr.astype("int64")),
                                                    torch.from_numpy(part.indices.astype("int64")),
                                                    torch.from_numpy(part.data).to(self.dtype), size=part.shape,
                                                    check_invariants=False))
-        return out[0], out[2], out[1], out[3]
+        return out[0], out[3], out[1], out[4], out[2], out[5]
 
     def _pair(self, u: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Collective (one halo exchange; none when ``u`` is one of the latest states).
@@ -588,6 +591,14 @@ class LinearTimeProblem:
                 self._wholes.pop(0)
             return x
 
+    def _whole_adjoint(self, F: "_Redundant", lam: torch.Tensor) -> torch.Tensor:
+        """Collective (an Allgatherv unless ``lam`` is a ``d_state`` the last adjoint step returned,
+        as it is with one history state and no loss gradient at this step)."""
+        for v, vf in self._adj_wholes:
+            if v is lam:
+                return vf
+        return F.gather(lam)
+
     def _whole(self, F: "_Redundant", u: torch.Tensor) -> torch.Tensor:
         """Collective (an Allgatherv unless ``u`` is one of the latest solutions)."""
         for v, vf in self._wholes:
@@ -642,22 +653,39 @@ class LinearTimeProblem:
         (:meth:`adjoint_needs_states`)."""
         dt = self._dt
         alpha, beta = self.scheme.coefficients(n)
-        mu = self._solve_transposed(n, lam)
         k = len(alpha) - 1
         d_state = [None] * k
         F = self._ops[(alpha[0], beta[0])][1]
-        if isinstance(F, _Redundant) and self._symmetric:
-            MTmu, KTmu = self._MK.product_full(F.last_full)
+        whole = isinstance(F, _Redundant) and self._full_M is not None
+        if whole:
+            # on whole vectors, the same on every rank: lam whole (known when it is the last step's
+            # d_state, else one Allgatherv), the transposed solve local, the products local
+            lam_f = self._whole_adjoint(F, lam)
+            mu_f = F.solve_full(lam_f, transpose=True)
+            self.transposed_solves += 1
+            mu = mu_f[F.r0:F.r1].clone()
+            MTmu_f, KTmu_f = torch.mv(self._full_MT, mu_f), torch.mv(self._full_KT, mu_f)
+            MTmu, KTmu = MTmu_f[F.r0:F.r1], KTmu_f[F.r0:F.r1]
         else:
-            MTmu, KTmu = self._paired_product(mu, True)
+            mu = self._solve_transposed(n, lam)
+            if isinstance(F, _Redundant) and self._symmetric:
+                MTmu, KTmu = self._MK.product_full(F.last_full)
+            else:
+                MTmu, KTmu = self._paired_product(mu, True)
         if F is not None:
             self._checks.add(lam - (alpha[0] * MTmu + (dt * beta[0]) * KTmu), mu, lam, F.operator_norms[1])
         for j in range(1, k + 1):
             g = None
             if alpha[j] != 0.0:
-                g = -alpha[j] * MTmu
+                g = -alpha[j] * (MTmu_f if whole else MTmu)
             if beta[j] != 0.0:
-                g = -(dt * beta[j]) * KTmu if g is None else g - (dt * beta[j]) * KTmu
+                term = (dt * beta[j]) * (KTmu_f if whole else KTmu)
+                g = -term if g is None else g - term
+            if whole and g is not None:
+                gf, g = g, g[F.r0:F.r1].clone()
+                self._adj_wholes.append((g, gf))
+                if len(self._adj_wholes) > k + 1:
+                    self._adj_wholes.pop(0)
             d_state[j - 1] = g
         d_inputs = [None, None]
         if any(want_inputs):
