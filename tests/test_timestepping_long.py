@@ -12,9 +12,12 @@ sweeps at N = 1000, the finite difference and the Taylor test), and a step is la
 ranks: 100 steps took 70-80 s per case at 2 ranks on a busy 2-core machine). So 10 steps run at
 every rank count, 100 steps at 1 rank, and 1000 steps only with ``SLASOLVE_LONG_TESTS=1`` (40-70 s
 per case at 1 rank on the same busy machine). The default suite's 1000 steps:
-``test_thousand_steps_checkpointed_equals_full_storage_and_taylor`` (MUMPS only, no finite
-difference: the Taylor test checks the same derivative), at 1 rank (~10 s of CPU on the busy
-machine; at 2 ranks the ~13,000 latency-bound steps took 250 s there, so 2 ranks stay opt-in).
+``test_thousand_steps_checkpointed_equals_full_storage_and_taylor`` (no finite difference: the
+Taylor test checks the same derivative) at 1 and 2 ranks, with ``backend="scipy"``: SuperLU, on
+several ranks on every rank of the gathered step matrix, whose steps run on whole vectors (~0.1
+collectives a step against ~100 for a MUMPS solve at 2 ranks): ~5 s at 1 rank and 12-19 s at 2
+ranks on the busy machine (load ~6), against 47-109 s with MUMPS
+(``bench/results/transient_long_2ranks.json``).
 
 Run serially and under mpirun -n 2 / 4 with --with-mpi.
 """
