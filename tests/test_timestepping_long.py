@@ -12,9 +12,12 @@ sweeps at N = 1000, the finite difference and the Taylor test), and a step is la
 ranks: 100 steps took 70-80 s per case at 2 ranks on a busy 2-core machine). So 10 steps run at
 every rank count, 100 steps at 1 rank, and 1000 steps only with ``SLASOLVE_LONG_TESTS=1`` (40-70 s
 per case at 1 rank on the same busy machine). The default suite's 1000 steps:
-``test_thousand_steps_checkpointed_equals_full_storage_and_taylor`` (MUMPS only, no finite
-difference: the Taylor test checks the same derivative), at 1 rank (~10 s of CPU on the busy
-machine; at 2 ranks the ~13,000 latency-bound steps took 250 s there, so 2 ranks stay opt-in).
+``test_thousand_steps_checkpointed_equals_full_storage_and_taylor`` (no finite difference: the
+Taylor test checks the same derivative) at 1 and 2 ranks, with ``backend="scipy"``: SuperLU, on
+several ranks on every rank of the gathered step matrix, whose steps run on whole vectors (~0.1
+collectives a step against ~100 for a MUMPS solve at 2 ranks): ~5 s at 1 rank and 12-19 s at 2
+ranks on the busy machine (load ~6), against 47-109 s with MUMPS
+(``bench/results/transient_long_2ranks.json``).
 
 Run serially and under mpirun -n 2 / 4 with --with-mpi.
 """
@@ -111,16 +114,16 @@ def test_long_trajectory_gradient(method, n_steps):
     assert np.isfinite(r.rate)
 
 
-@pytest.mark.petsc
-@pytest.mark.skipif(COMM.size > 1, reason="test-time budget: 1 rank (at 2 ranks each of the ~13,000 steps "
-                    "waits on a few messages: 30-250 s on a shared 2-core machine; SLASOLVE_LONG_TESTS=1 runs the "
-                    "1000-step test above at every rank count)")
+@pytest.mark.skipif(COMM.size > 2 and not LONG, reason="test-time budget: 1 and 2 ranks (4 oversubscribed "
+                    "ranks with SLASOLVE_LONG_TESTS=1)")
 def test_thousand_steps_checkpointed_equals_full_storage_and_taylor():
-    """1000 Crank-Nicolson steps in the default suite: the gradient with respect to ``u0``, the
-    source and the stiffness values with 5 snapshots (binomial schedule, 6284 recomputed steps)
-    equals full storage to 1e-12, and passes the Taylor test (second-order remainders). One
-    factorisation serves every step (SuperLU at 1 rank: its solve costs a fraction of MUMPS'
-    fixed per-solve cost on 12 unknowns; MUMPS at 2 ranks, opt-in); ~13,000 steps in all."""
+    """1000 Crank-Nicolson steps in the default suite at 1 and 2 ranks: the gradient with respect
+    to ``u0``, the source and the stiffness values with 5 snapshots (binomial schedule, 6284
+    recomputed steps) equals full storage to 1e-12, and passes the Taylor test (second-order
+    remainders); ~13,000 steps in all. One SuperLU factorisation serves every step, on every rank
+    (``backend="scipy"``: on several ranks each solve is one Allgatherv; a MUMPS solve makes ~100
+    collectives at 2 ranks, which made this test 30-250 s there; the MUMPS path's 1000 steps run
+    in the test above with SLASOLVE_LONG_TESTS=1)."""
     pytest.importorskip("checkpoint_schedules")
     n_steps = 1000
     dM, dK, x = setup()
@@ -129,7 +132,7 @@ def test_thousand_steps_checkpointed_equals_full_storage_and_taylor():
 
     def loss(u0, q, Kv, **kw):
         P = LinearTimeProblem(dM, dK.with_values(Kv), lambda t, q: q * (1.0 + t), scheme="cn", method="direct",
-                              backend="scipy" if COMM.size == 1 else "petsc")
+                              backend="scipy")
         mid, end = integrate(P, u0, q, dt=dt, n_steps=n_steps, outputs=[n_steps // 2, n_steps], **kw)
         return allsum((end ** 2).sum() + (mid * x).sum())
 

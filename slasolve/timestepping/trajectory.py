@@ -207,10 +207,10 @@ def _adjoint_step(run: _Run, state, u_new, n: int, lam, zero, want_inputs, want_
     d_state, d_in, d_par = run.stepper.adjoint(state, u_new, n, run.t0, lam[0], run.params, want_inputs,
                                                run.param_want(want_params))
     k = run.k
-    new = [lam[i + 1] if i + 1 < k else zero.clone() for i in range(k)]
-    for i, d in enumerate(d_state):
-        if d is not None:
-            new[i] = new[i] + d
+    new = []
+    for i in range(k):     # lam[i + 1] + d_state[i], without adding zeros
+        base, d = (lam[i + 1] if i + 1 < k else None), d_state[i]
+        new.append(zero if base is None and d is None else base if d is None else d if base is None else base + d)
     if n in g_at:
         new[0] = new[0] + g_at[n]
     run.info.adjoint_steps += 1
@@ -299,6 +299,11 @@ class _Trajectory(torch.autograd.Function):
                     run.store.pop_dep(n0)
             elif kind == "end_reverse":
                 break
+        finish = getattr(run.stepper, "adjoint_finish", None)
+        if finish is not None:     # the gradients the stepper batches
+            d_in, d_par = finish(run.t0, run.params, run.param_want(want_params))
+            d_inputs = acc(d_inputs, d_in)
+            d_params = acc(d_params, run.tensor_part(d_par))
         _flush(run.stepper)
         run.store.close()
         run.actions = None
@@ -310,6 +315,8 @@ class _Trajectory(torch.autograd.Function):
         g_u0 = lam[0]
         for extra in lam[1:]:
             g_u0 = g_u0 + extra
+        if g_u0 is zero:
+            g_u0 = zero.clone()
         return (None, g_u0 if ctx.needs_input_grad[1] else None, *d_inputs, *d_params)
 
 
@@ -424,6 +431,8 @@ def integrate(problem, u0: torch.Tensor, *params, dt: float, n_steps: int, t0: f
         "number of params": len(params), "requires grad": needs,
         "return_info": bool(return_info), "dtype": str(u0.dtype)})
     stepper = problem.begin(dt)
+    if hasattr(stepper, "set_steps"):
+        stepper.set_steps(n_steps)
     order = [n_steps] if out_list is None else out_list
     if state_free:
         acts = iter([("forward", 0, n_steps, False, False, "work"), ("end_forward",),
