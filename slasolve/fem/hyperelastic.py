@@ -96,6 +96,14 @@ def _np_contract(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
     return Z
 
 
+def _nan_into(un: np.ndarray, out: Optional[np.ndarray]) -> torch.Tensor:
+    """Local. An all-NaN residual like ``un`` (in ``out`` when given)."""
+    if out is None:
+        out = np.empty_like(un)
+    out.fill(math.nan)
+    return torch.from_numpy(out)
+
+
 def _sum2(x: np.ndarray):
     """Local. ``sum(x)`` in about twice the working precision, as ``(hi, lo)`` with ``hi + lo`` the
     sum: a pairwise tree whose additions keep their exact rounding errors (Knuth's TwoSum), those
@@ -264,35 +272,35 @@ class NeoHookean(NonlinearProblem):
             F[i, i] += 1.0
         return F
 
-    def _np_residual(self, u: torch.Tensor, mu: np.ndarray, lmbda: np.ndarray, at_iterate: bool = False
-                     ) -> torch.Tensor:
-        """Collective. :meth:`residual` on simplices without autograd (the same formulas in NumPy).
-        ``at_iterate`` (a solver's own iterate, the same on every rank): with ``on_inversion="nan"``
-        only the ranks with inverted cells return NaN, with no reduction (the solver's norm of the
-        residual is NaN on every rank all the same)."""
-        un = u.detach().numpy()
+    def _np_residual(self, un: np.ndarray, mu: np.ndarray, lmbda: np.ndarray, at_iterate: bool = False,
+                     out: Optional[np.ndarray] = None) -> torch.Tensor:
+        """Collective. :meth:`residual` on simplices without autograd (the same formulas in NumPy) at
+        the owned dofs ``un``; ``out``: written there (a tensor over it returned). ``at_iterate`` (a
+        solver's own iterate, the same on every rank): with ``on_inversion="nan"`` only the ranks with
+        inverted cells return NaN, with no reduction (the solver's norm of the residual is NaN on
+        every rank all the same)."""
         F = self._np_F(self._np_lift(un))
         det = _np_det(F)
         local = at_iterate and self.on_inversion == "nan"
         if local:
             inverted = self._inversion_error(det) is not None
         elif self._inverted(det, self.on_inversion == "raise"):
-            return torch.full_like(u, math.nan)
+            return _nan_into(un, out)
         G, w, _ = self._np_data()
         with np.errstate(invalid="ignore", divide="ignore"):   # inverted cells (local): NaN below
             P = mu * F
             P += (lmbda * np.log(det) - mu) * _np_inv(F, det).transpose(1, 0, 2)
             P *= w
             # re[a, i, e] = Σ_J G[a, J, e] P[i, J, e]
-            r = self._np_finish_residual(un, _np_contract(G.transpose(1, 0, 2), P.transpose(1, 0, 2)))
-        return torch.full_like(u, math.nan) if local and inverted else r
+            r = self._np_finish_residual(un, _np_contract(G.transpose(1, 0, 2), P.transpose(1, 0, 2)), out)
+        return _nan_into(un, out) if local and inverted else r
 
-    def _np_tangent_sums(self, u: torch.Tensor, mu: np.ndarray, lmbda: np.ndarray):
+    def _np_tangent_sums(self, un: np.ndarray, mu: np.ndarray, lmbda: np.ndarray):
         """Collective. The formulas of :meth:`_tangent_blocks` on simplices without autograd, from
-        ``u``, summed straight into the matrix slots: ``(nnz + n_remote, dim, dim)`` (see
+        the owned dofs ``un``, summed straight into the matrix slots: ``(nnz + n_remote, dim, dim)`` (see
         :meth:`_np_finish_block_jacobian`); no ``(dim, dim, E, nv, nv)`` array is formed. Returns
         them and this rank's inversion error (or None), raised on every rank by the values' check."""
-        F = self._np_F(self._np_lift(u.detach().numpy()))
+        F = self._np_F(self._np_lift(un))
         det = _np_det(F)
         err = self._inversion_error(det)
         G, w, L = self._np_data()
@@ -366,12 +374,31 @@ class NeoHookean(NonlinearProblem):
         ``numpy``: as NumPy arrays)."""
         return self._inputs(u, ("mu", mu, self.mu), ("lmbda", lmbda, self.lmbda), numpy=numpy)
 
+    def iterate_kernels(self, residual, jacobian, params: tuple):
+        """Local. See :meth:`NonlinearProblem.iterate_kernels`: on simplices with the scalar (AIJ)
+        tangent, the NumPy path's formulas (the same operations: the same values)."""
+        if not self.simplex or self.block_jacobian:
+            return None
+        coefs = self._np_kernel_coefs(((residual, NeoHookean.residual), (jacobian, NeoHookean.jacobian)), params,
+                                      (("mu", self.mu), ("lmbda", self.lmbda)))
+        if coefs is None:
+            return None
+        mu, lmbda = coefs
+
+        def residual_into(x: np.ndarray, out: np.ndarray) -> None:
+            self._np_residual(x, mu, lmbda, True, out)
+
+        def tangent_values(x: np.ndarray) -> np.ndarray:
+            V, err = self._np_tangent_sums(x, mu, lmbda)
+            return self._np_check_values(self._np_block_values(V), err)
+        return residual_into, tangent_values
+
     @checked_collectively
     def residual(self, u: torch.Tensor, mu: Union[None, float, torch.Tensor] = None,
                  lmbda: Union[None, float, torch.Tensor] = None) -> torch.Tensor:
         """Collective. Owned rows of internal minus external forces (Dirichlet rows ``u - g``)."""
         if self.simplex and self._fast(u):
-            return self._np_residual(u, *self._params(u, mu, lmbda, numpy=True),
+            return self._np_residual(u.detach().numpy(), *self._params(u, mu, lmbda, numpy=True),
                                      at_iterate=solver_iterate(u, (mu, lmbda)))
         m, l = self._params(u, mu, lmbda)
         F, inverted = self._F_checked(u, self.on_inversion == "raise")
@@ -388,7 +415,8 @@ class NeoHookean(NonlinearProblem):
                  lmbda: Union[None, float, torch.Tensor] = None) -> DSparseTensor:
         """Collective. Consistent (symmetric) tangent with Dirichlet rows/columns eliminated."""
         if self.simplex and self._fast(u, graph=False):
-            return self._np_finish_block_jacobian(*self._np_tangent_sums(u, *self._params(u, mu, lmbda, numpy=True)))
+            m, l = self._params(u, mu, lmbda, numpy=True)
+            return self._np_finish_block_jacobian(*self._np_tangent_sums(u.detach().numpy(), m, l))
         m, l = self._params(u, mu, lmbda)
         with torch.no_grad():
             F, _ = self._F_checked(u.detach())
