@@ -90,6 +90,13 @@ def test_kernels_equal_the_methods(comm):
         residual_into(x, out)
         assert torch.equal(torch.from_numpy(x), u)            # the iterate is not changed
         assert torch.equal(torch.from_numpy(out), r), name
+        # the tangent where the latest residual was (its cell data kept), then elsewhere
+        assert torch.equal(torch.from_numpy(tangent_values(x)), J.values), name
+        v = u + 0.01 * torch.rand(sp.n_owned_dofs, generator=g, dtype=F64)
+        with torch.no_grad():
+            Jv = P.jacobian(v, *params)
+        residual_into(x, out)
+        assert torch.equal(torch.from_numpy(tangent_values(v.numpy().copy())), Jv.values), name
         assert torch.equal(torch.from_numpy(tangent_values(x)), J.values), name
 
 

@@ -43,7 +43,7 @@ from . import elements as _el
 from .assembly import Assembler
 from .bc import DirichletBC
 from ..nonlinear.problem import solver_iterate
-from .nonlinear import NonlinearProblem, checked_collectively
+from .nonlinear import NonlinearProblem, _recall, checked_collectively
 
 __all__ = ["NeoHookean", "neo_hookean_stress", "neo_hookean_tangent", "neo_hookean_energy"]
 
@@ -265,22 +265,33 @@ class NeoHookean(NonlinearProblem):
         U = self._np_cell_values(ul, lifted=True)                            # (nv, dim, E)
         return _np_contract(U[1:] - U[0], self._np_data()[0][1:])
 
-    def _np_F(self, ul: np.ndarray) -> np.ndarray:
-        """Collective. ``F = I + H`` ``(dim, dim, E)`` (simplices) from the lifted owned dofs."""
-        F = self._np_H(ul)
+    def _np_kinematics(self, un: np.ndarray, memo: Optional[list] = None):
+        """Collective. ``(F, det F, F⁻¹)`` ``(dim, dim, E)``, ``(E,)``, ``(dim, dim, E)`` (simplices;
+        ``F⁻¹`` is inf/NaN at inverted cells) at the owned dofs ``un`` (lifted here); not to be
+        changed. ``memo``: a one-entry list keeping the latest ones (see :func:`_recall`)."""
+        ue = self._np_extended(self._np_lift(un))
+        hit = _recall(memo, ue)
+        if hit is not None:
+            return hit
+        U = self._np_cell_values(ue, extended=True)                          # (nv, dim, E)
+        F = _np_contract(U[1:] - U[0], self._np_data()[0][1:])
         for i in range(F.shape[0]):
             F[i, i] += 1.0
-        return F
+        det = _np_det(F)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = (F, det, _np_inv(F, det))
+        if memo is not None:
+            memo[0] = (ue.copy(), out)
+        return out
 
     def _np_residual(self, un: np.ndarray, mu: np.ndarray, lmbda: np.ndarray, at_iterate: bool = False,
-                     out: Optional[np.ndarray] = None) -> torch.Tensor:
+                     out: Optional[np.ndarray] = None, memo: Optional[list] = None) -> torch.Tensor:
         """Collective. :meth:`residual` on simplices without autograd (the same formulas in NumPy) at
         the owned dofs ``un``; ``out``: written there (a tensor over it returned). ``at_iterate`` (a
         solver's own iterate, the same on every rank): with ``on_inversion="nan"`` only the ranks with
         inverted cells return NaN, with no reduction (the solver's norm of the residual is NaN on
         every rank all the same)."""
-        F = self._np_F(self._np_lift(un))
-        det = _np_det(F)
+        F, det, Finv = self._np_kinematics(un, memo)
         local = at_iterate and self.on_inversion == "nan"
         if local:
             inverted = self._inversion_error(det) is not None
@@ -289,25 +300,24 @@ class NeoHookean(NonlinearProblem):
         G, w, _ = self._np_data()
         with np.errstate(invalid="ignore", divide="ignore"):   # inverted cells (local): NaN below
             P = mu * F
-            P += (lmbda * np.log(det) - mu) * _np_inv(F, det).transpose(1, 0, 2)
+            P += (lmbda * np.log(det) - mu) * Finv.transpose(1, 0, 2)
             P *= w
             # re[a, i, e] = Σ_J G[a, J, e] P[i, J, e]
             r = self._np_finish_residual(un, _np_contract(G.transpose(1, 0, 2), P.transpose(1, 0, 2)), out)
         return _nan_into(un, out) if local and inverted else r
 
-    def _np_tangent_sums(self, un: np.ndarray, mu: np.ndarray, lmbda: np.ndarray):
+    def _np_tangent_sums(self, un: np.ndarray, mu: np.ndarray, lmbda: np.ndarray, memo: Optional[list] = None):
         """Collective. The formulas of :meth:`_tangent_blocks` on simplices without autograd, from
         the owned dofs ``un``, summed straight into the matrix slots: ``(nnz + n_remote, dim, dim)`` (see
         :meth:`_np_finish_block_jacobian`); no ``(dim, dim, E, nv, nv)`` array is formed. Returns
         them and this rank's inversion error (or None), raised on every rank by the values' check."""
-        F = self._np_F(self._np_lift(un))
-        det = _np_det(F)
+        F, det, Finv = self._np_kinematics(un, memo)
         err = self._inversion_error(det)
         G, w, L = self._np_data()
         d = F.shape[0]
         with np.errstate(invalid="ignore", divide="ignore"):   # inverted cells: raised by the caller
             # Bt[i, a, e] = B_ai = Σ_J G_aJ F⁻¹_Ji
-            Bt = _np_contract(_np_inv(F, det), G.transpose(1, 0, 2))
+            Bt = _np_contract(Finv, G.transpose(1, 0, 2))
             cw = (lmbda * np.log(det) - mu) * w
         lw = lmbda * w
         # K[i, k, e, a, b] = lw B_ai B_bk - cw B_ak B_bi + δ_ik μ L_ab, one (i, k) block at a time:
@@ -384,12 +394,13 @@ class NeoHookean(NonlinearProblem):
         if coefs is None:
             return None
         mu, lmbda = coefs
+        memo = [None]   # Newton's tangent is evaluated where its latest residual was
 
         def residual_into(x: np.ndarray, out: np.ndarray) -> None:
-            self._np_residual(x, mu, lmbda, True, out)
+            self._np_residual(x, mu, lmbda, True, out, memo)
 
         def tangent_values(x: np.ndarray) -> np.ndarray:
-            V, err = self._np_tangent_sums(x, mu, lmbda)
+            V, err = self._np_tangent_sums(x, mu, lmbda, memo)
             return self._np_check_values(self._np_block_values(V), err)
         return residual_into, tangent_values
 

@@ -73,6 +73,17 @@ def _sum_into(index: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(index, weights=weights, minlength=n).astype(np.float64, copy=False)
 
 
+def _recall(memo: Optional[list], key: np.ndarray):
+    """Local. What ``memo`` (a one-entry list ``[(key, value)]`` or ``[None]``, or None) keeps for
+    ``key``, or None. The key is the extended dof array (after the halo exchange, which every
+    rank makes alike), so whether it hits is this rank's own business: no collective depends on
+    it. Equal keys give the same cell data, hence the same values bit for bit."""
+    if memo is None or memo[0] is None:
+        return None
+    k, value = memo[0]
+    return value if k.shape == key.shape and np.array_equal(k, key) else None
+
+
 def _quadrature(cell: str, dtype, device):
     """Quadrature for the nonlinear kernels: degree 2 on simplices (integrands of P1 cells
     are quadratic), 2^dim Gauss on Q1 cells. Returns ``(w, N, dN, dNcheck)``."""
@@ -326,16 +337,24 @@ class NonlinearProblem:
             self._np_dofs = flat.reshape(E, nv).T[:, None, :] * bs + np.arange(bs)[None, :, None]
         return self._np_dofs
 
-    def _np_cell_values(self, u: np.ndarray, lifted: bool = False) -> np.ndarray:
-        """Collective. :meth:`cell_values` of ``lift(u)`` (``lifted``: ``u`` is already lifted) as
-        NumPy: ``(E, nv)`` for a scalar space; ``(nv, bs, E)`` for a vector one (cell index last,
-        see :meth:`_np_cell_dofs`)."""
-        bs = self.space.bs
-        if not lifted:
-            u = self._np_lift(u)
+    def _np_extended(self, u: np.ndarray) -> np.ndarray:
+        """Collective. The lifted owned dofs ``u`` followed by the ghost nodes' (the extended dof
+        array the cell values are taken from; ``u`` itself on one rank)."""
         if self.comm.Get_size() > 1:
+            bs = self.space.bs
             u = np.concatenate([u, self.space.node_plan.forward_raw(torch.from_numpy(u.reshape(-1, bs)))
                                 .numpy().reshape(-1)])
+        return u
+
+    def _np_cell_values(self, u: np.ndarray, lifted: bool = False, extended: bool = False) -> np.ndarray:
+        """Collective. :meth:`cell_values` of ``lift(u)`` (``lifted``: ``u`` is already lifted;
+        ``extended``: ``u`` is :meth:`_np_extended`'s array, no communication) as NumPy: ``(E, nv)``
+        for a scalar space; ``(nv, bs, E)`` for a vector one (cell index last, see :meth:`_np_cell_dofs`)."""
+        bs = self.space.bs
+        if not (lifted or extended):
+            u = self._np_lift(u)
+        if not extended:
+            u = self._np_extended(u)
         if bs > 1:
             return u.take(self._np_cell_dofs())
         flat, shape, _, _ = self._np_index()
@@ -745,20 +764,24 @@ class NonlinearDiffusion(NonlinearProblem):
                            np.ascontiguousarray(flat.reshape(E, nv).T))
         return self._LM_np
 
-    def _np_terms(self, u: np.ndarray):
+    def _np_terms(self, u: np.ndarray, memo: Optional[list] = None):
         """Collective. :meth:`_simplex_terms` of the owned dofs ``u`` (lifted here) on the
         no-autograd path, laid out ``(nv, E)``: ``(M u, s, L u)`` (NumPy's elementwise loops then
-        run over the E-long rows instead of nv-long ones, and no einsum is needed)."""
+        run over the E-long rows instead of nv-long ones, and no einsum is needed); ``L u`` is the
+        caller's to change. ``memo``: a one-entry list keeping the latest terms (see :func:`_recall`)."""
         L, Mt, cells = self._np_LM()
-        u = self._np_lift(u)
-        if self.comm.Get_size() > 1:
-            u = np.concatenate([u, self.space.node_plan.forward_raw(torch.from_numpy(u.reshape(-1, 1)))
-                                .numpy().reshape(-1)])
+        u = self._np_extended(self._np_lift(u))
+        hit = _recall(memo, u)
+        if hit is not None:
+            return hit[0], hit[1], hit[2].copy()
         ue = u.take(cells)                                                          # (nv, E)
         t = Mt @ ue                                                                 # (M u)_j, (nv, E)
         s = (t * ue).sum(0)
         s += 1
-        return t, s, np.add.reduce(L * ue, axis=1)                                  # (L u)_i
+        Lu = np.add.reduce(L * ue, axis=1)                                          # (L u)_i
+        if memo is not None:
+            memo[0] = (u.copy(), (t, s, Lu.copy()))
+        return t, s, Lu
 
     @staticmethod
     def _simplex_terms(ue, L, M):
@@ -788,14 +811,15 @@ class NonlinearDiffusion(NonlinearProblem):
         (k,) = coefs
         ext, kept = self._np_external()
         L = self._np_LM()[0]
+        memo = [None]   # Newton's tangent is evaluated where its latest residual was
 
         def residual_into(x: np.ndarray, out: np.ndarray) -> None:
-            _, s, Lu = self._np_terms(x)
+            _, s, Lu = self._np_terms(x, memo)
             Lu *= k * s
             self._np_finish_residual(x, Lu.T, out, ext if kept else False)
 
         def tangent_values(x: np.ndarray) -> np.ndarray:
-            t, s, Lu = self._np_terms(x)
+            t, s, Lu = self._np_terms(x, memo)
             Lu *= 2 * k
             Ke = L * (k * s)
             Ke += Lu[:, None, :] * t[None, :, :]
