@@ -43,7 +43,7 @@ from . import elements as _el
 from .assembly import Assembler
 from .bc import DirichletBC
 from ..nonlinear.problem import solver_iterate
-from .nonlinear import NonlinearProblem, checked_collectively
+from .nonlinear import NonlinearProblem, _recall, checked_collectively
 
 __all__ = ["NeoHookean", "neo_hookean_stress", "neo_hookean_tangent", "neo_hookean_energy"]
 
@@ -94,6 +94,14 @@ def _np_contract(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
             for a in range(1, n):
                 z += np.multiply(X[a, i], Y[a, j], out=tmp)
     return Z
+
+
+def _nan_into(un: np.ndarray, out: Optional[np.ndarray]) -> torch.Tensor:
+    """Local. An all-NaN residual like ``un`` (in ``out`` when given)."""
+    if out is None:
+        out = np.empty_like(un)
+    out.fill(math.nan)
+    return torch.from_numpy(out)
 
 
 def _sum2(x: np.ndarray):
@@ -181,6 +189,7 @@ class NeoHookean(NonlinearProblem):
         self.on_inversion = on_inversion
         self.mu, self.lmbda = mu, lmbda
         self._np_geom = None    # the simplex kernels' geometry as NumPy (_np_data)
+        self._gv_rest = None    # Gv[:, 1:] (_Gv_rest)
 
     def deformation_gradient(self, u: torch.Tensor) -> torch.Tensor:
         """Collective. ``F = I + ∇u`` at the quadrature points, ``(E, nq, dim, dim)`` (on simplices
@@ -191,9 +200,17 @@ class NeoHookean(NonlinearProblem):
         """Collective. ``F`` at the gradient points ``(E, ng, dim, dim)`` (``ng = 1`` on simplices)."""
         ue = self.cell_values(self.lift(u))                                 # (E, nv, dim)
         E, _, d = ue.shape
-        H = torch.bmm(ue.transpose(1, 2), self.Gv)                          # (E, dim, ng*dim): H[e, i, (q, J)]
+        # from the vertices' displacements relative to the first (see _np_H)
+        H = torch.bmm((ue[:, 1:] - ue[:, :1]).transpose(1, 2), self._Gv_rest())  # (E, dim, ng*dim): H[e, i, (q, J)]
         H = H.view(E, d, -1, d).transpose(1, 2)
         return H + torch.eye(d, dtype=H.dtype, device=H.device)
+
+    def _Gv_rest(self) -> torch.Tensor:
+        """Local. ``Gv[:, 1:]`` (the gradients of every vertex's shape function but the first),
+        contiguous, made once."""
+        if self._gv_rest is None:
+            self._gv_rest = self.Gv[:, 1:].contiguous()
+        return self._gv_rest
 
     def _F_checked(self, u, raise_on_inverted: bool = True):
         """Collective. ``(F, inverted)`` at the gradient points: ``inverted`` is True on every rank
@@ -240,52 +257,67 @@ class NeoHookean(NonlinearProblem):
 
     def _np_H(self, ul: np.ndarray) -> np.ndarray:
         """Collective. ``H[i, J, e] = Σ_a u_ai G_aJ = F - I`` ``(dim, dim, E)`` (simplices) from the
-        lifted owned dofs."""
-        return _np_contract(self._np_cell_values(ul, lifted=True), self._np_data()[0])
+        lifted owned dofs, as ``Σ_(a>0) (u_a - u_0)_i G_aJ`` (the gradients sum to zero): the
+        displacements' common part cancels before it is multiplied by the gradients ``~1/h``.
+        Summed as written, ``H`` had rounding errors of ``eps |u| / h`` instead of ``eps |u_a - u_0| / h``:
+        on the 2-D bench problem at 180k cells the residual at the solution was then 1.7e-14 off a
+        long double evaluation (4e-16 now), which was the floor Newton's residual stopped at."""
+        U = self._np_cell_values(ul, lifted=True)                            # (nv, dim, E)
+        return _np_contract(U[1:] - U[0], self._np_data()[0][1:])
 
-    def _np_F(self, ul: np.ndarray) -> np.ndarray:
-        """Collective. ``F = I + H`` ``(dim, dim, E)`` (simplices) from the lifted owned dofs."""
-        F = self._np_H(ul)
+    def _np_kinematics(self, un: np.ndarray, memo: Optional[list] = None):
+        """Collective. ``(F, det F, F⁻¹)`` ``(dim, dim, E)``, ``(E,)``, ``(dim, dim, E)`` (simplices;
+        ``F⁻¹`` is inf/NaN at inverted cells) at the owned dofs ``un`` (lifted here); not to be
+        changed. ``memo``: a one-entry list keeping the latest ones (see :func:`_recall`)."""
+        ue = self._np_extended(self._np_lift(un))
+        hit = _recall(memo, ue)
+        if hit is not None:
+            return hit
+        U = self._np_cell_values(ue, extended=True)                          # (nv, dim, E)
+        F = _np_contract(U[1:] - U[0], self._np_data()[0][1:])
         for i in range(F.shape[0]):
             F[i, i] += 1.0
-        return F
-
-    def _np_residual(self, u: torch.Tensor, mu: np.ndarray, lmbda: np.ndarray, at_iterate: bool = False
-                     ) -> torch.Tensor:
-        """Collective. :meth:`residual` on simplices without autograd (the same formulas in NumPy).
-        ``at_iterate`` (a solver's own iterate, the same on every rank): with ``on_inversion="nan"``
-        only the ranks with inverted cells return NaN, with no reduction (the solver's norm of the
-        residual is NaN on every rank all the same)."""
-        un = u.detach().numpy()
-        F = self._np_F(self._np_lift(un))
         det = _np_det(F)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out = (F, det, _np_inv(F, det))
+        if memo is not None:
+            memo[0] = (ue.copy(), out)
+        return out
+
+    def _np_residual(self, un: np.ndarray, mu: np.ndarray, lmbda: np.ndarray, at_iterate: bool = False,
+                     out: Optional[np.ndarray] = None, memo: Optional[list] = None) -> torch.Tensor:
+        """Collective. :meth:`residual` on simplices without autograd (the same formulas in NumPy) at
+        the owned dofs ``un``; ``out``: written there (a tensor over it returned). ``at_iterate`` (a
+        solver's own iterate, the same on every rank): with ``on_inversion="nan"`` only the ranks with
+        inverted cells return NaN, with no reduction (the solver's norm of the residual is NaN on
+        every rank all the same)."""
+        F, det, Finv = self._np_kinematics(un, memo)
         local = at_iterate and self.on_inversion == "nan"
         if local:
             inverted = self._inversion_error(det) is not None
         elif self._inverted(det, self.on_inversion == "raise"):
-            return torch.full_like(u, math.nan)
+            return _nan_into(un, out)
         G, w, _ = self._np_data()
         with np.errstate(invalid="ignore", divide="ignore"):   # inverted cells (local): NaN below
             P = mu * F
-            P += (lmbda * np.log(det) - mu) * _np_inv(F, det).transpose(1, 0, 2)
+            P += (lmbda * np.log(det) - mu) * Finv.transpose(1, 0, 2)
             P *= w
             # re[a, i, e] = Σ_J G[a, J, e] P[i, J, e]
-            r = self._np_finish_residual(un, _np_contract(G.transpose(1, 0, 2), P.transpose(1, 0, 2)))
-        return torch.full_like(u, math.nan) if local and inverted else r
+            r = self._np_finish_residual(un, _np_contract(G.transpose(1, 0, 2), P.transpose(1, 0, 2)), out)
+        return _nan_into(un, out) if local and inverted else r
 
-    def _np_tangent_sums(self, u: torch.Tensor, mu: np.ndarray, lmbda: np.ndarray):
+    def _np_tangent_sums(self, un: np.ndarray, mu: np.ndarray, lmbda: np.ndarray, memo: Optional[list] = None):
         """Collective. The formulas of :meth:`_tangent_blocks` on simplices without autograd, from
-        ``u``, summed straight into the matrix slots: ``(nnz + n_remote, dim, dim)`` (see
+        the owned dofs ``un``, summed straight into the matrix slots: ``(nnz + n_remote, dim, dim)`` (see
         :meth:`_np_finish_block_jacobian`); no ``(dim, dim, E, nv, nv)`` array is formed. Returns
         them and this rank's inversion error (or None), raised on every rank by the values' check."""
-        F = self._np_F(self._np_lift(u.detach().numpy()))
-        det = _np_det(F)
+        F, det, Finv = self._np_kinematics(un, memo)
         err = self._inversion_error(det)
         G, w, L = self._np_data()
         d = F.shape[0]
         with np.errstate(invalid="ignore", divide="ignore"):   # inverted cells: raised by the caller
             # Bt[i, a, e] = B_ai = Σ_J G_aJ F⁻¹_Ji
-            Bt = _np_contract(_np_inv(F, det), G.transpose(1, 0, 2))
+            Bt = _np_contract(Finv, G.transpose(1, 0, 2))
             cw = (lmbda * np.log(det) - mu) * w
         lw = lmbda * w
         # K[i, k, e, a, b] = lw B_ai B_bk - cw B_ak B_bi + δ_ik μ L_ab, one (i, k) block at a time:
@@ -352,12 +384,32 @@ class NeoHookean(NonlinearProblem):
         ``numpy``: as NumPy arrays)."""
         return self._inputs(u, ("mu", mu, self.mu), ("lmbda", lmbda, self.lmbda), numpy=numpy)
 
+    def iterate_kernels(self, residual, jacobian, params: tuple):
+        """Local. See :meth:`NonlinearProblem.iterate_kernels`: on simplices with the scalar (AIJ)
+        tangent, the NumPy path's formulas (the same operations: the same values)."""
+        if not self.simplex or self.block_jacobian:
+            return None
+        coefs = self._np_kernel_coefs(((residual, NeoHookean.residual), (jacobian, NeoHookean.jacobian)), params,
+                                      (("mu", self.mu), ("lmbda", self.lmbda)))
+        if coefs is None:
+            return None
+        mu, lmbda = coefs
+        memo = [None]   # Newton's tangent is evaluated where its latest residual was
+
+        def residual_into(x: np.ndarray, out: np.ndarray) -> None:
+            self._np_residual(x, mu, lmbda, True, out, memo)
+
+        def tangent_values(x: np.ndarray) -> np.ndarray:
+            V, err = self._np_tangent_sums(x, mu, lmbda, memo)
+            return self._np_check_values(self._np_block_values(V), err)
+        return residual_into, tangent_values
+
     @checked_collectively
     def residual(self, u: torch.Tensor, mu: Union[None, float, torch.Tensor] = None,
                  lmbda: Union[None, float, torch.Tensor] = None) -> torch.Tensor:
         """Collective. Owned rows of internal minus external forces (Dirichlet rows ``u - g``)."""
         if self.simplex and self._fast(u):
-            return self._np_residual(u, *self._params(u, mu, lmbda, numpy=True),
+            return self._np_residual(u.detach().numpy(), *self._params(u, mu, lmbda, numpy=True),
                                      at_iterate=solver_iterate(u, (mu, lmbda)))
         m, l = self._params(u, mu, lmbda)
         F, inverted = self._F_checked(u, self.on_inversion == "raise")
@@ -374,7 +426,8 @@ class NeoHookean(NonlinearProblem):
                  lmbda: Union[None, float, torch.Tensor] = None) -> DSparseTensor:
         """Collective. Consistent (symmetric) tangent with Dirichlet rows/columns eliminated."""
         if self.simplex and self._fast(u, graph=False):
-            return self._np_finish_block_jacobian(*self._np_tangent_sums(u, *self._params(u, mu, lmbda, numpy=True)))
+            m, l = self._params(u, mu, lmbda, numpy=True)
+            return self._np_finish_block_jacobian(*self._np_tangent_sums(u.detach().numpy(), m, l))
         m, l = self._params(u, mu, lmbda)
         with torch.no_grad():
             F, _ = self._F_checked(u.detach())

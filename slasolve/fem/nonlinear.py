@@ -73,6 +73,17 @@ def _sum_into(index: np.ndarray, weights: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(index, weights=weights, minlength=n).astype(np.float64, copy=False)
 
 
+def _recall(memo: Optional[list], key: np.ndarray):
+    """Local. What ``memo`` (a one-entry list ``[(key, value)]`` or ``[None]``, or None) keeps for
+    ``key``, or None. The key is the extended dof array (after the halo exchange, which every
+    rank makes alike), so whether it hits is this rank's own business: no collective depends on
+    it. Equal keys give the same cell data, hence the same values bit for bit."""
+    if memo is None or memo[0] is None:
+        return None
+    k, value = memo[0]
+    return value if k.shape == key.shape and np.array_equal(k, key) else None
+
+
 def _quadrature(cell: str, dtype, device):
     """Quadrature for the nonlinear kernels: degree 2 on simplices (integrands of P1 cells
     are quadratic), 2^dim Gauss on Q1 cells. Returns ``(w, N, dN, dNcheck)``."""
@@ -235,6 +246,61 @@ class NonlinearProblem:
             and sp.device.type == "cpu" and isinstance(u, torch.Tensor) and u.dtype == torch.float64 \
             and u.device.type == "cpu"
 
+    def iterate_kernels(self, residual, jacobian, params: tuple):
+        """Local. NumPy kernels for a nonlinear solver that keeps its iterates in NumPy arrays
+        (``nonlinear_solve``'s PETSc backend: its Vecs' arrays), or None where there are none (then
+        call ``residual`` / ``jacobian``). ``residual`` and ``jacobian`` must be this object's own
+        methods and ``params`` what the solver passes them, after their evaluations at ``u0``
+        passed their collective checks; the kernels give what those methods give at the solver's
+        own iterates (:func:`~slasolve.nonlinear.problem.solver_iterate`), with the same
+        collectives and errors (raised on every rank), without the methods' torch tensors:
+
+        * ``residual_into(x, out)``: Collective. The owned rows of the residual at the owned dofs
+          ``x`` (float64, not changed) written into ``out`` (float64, the same length).
+        * ``tangent_values(x)``: Collective. The values (float64) of the tangent at ``x``, in the
+          entry order of the DSparseTensor ``jacobian`` returns, checked.
+
+        Decided from the problem, the methods and the parameters' types, the same on every rank."""
+        return None
+
+    def _np_capable(self) -> bool:
+        """Local. Whether the space's data are float64 on the CPU (the NumPy path's)."""
+        sp = self.space
+        return sp.dtype == torch.float64 and sp.device.type == "cpu"
+
+    def _np_kernel_coefs(self, method_pairs, params: tuple, names):
+        """Local. The coefficients ``names`` (``(name, default)`` pairs) as NumPy arrays per local cell
+        from ``params`` for :meth:`iterate_kernels`, or None when the kernels do not apply: the
+        methods are not this object's (``method_pairs``: ``(given, the class's function)``), the data
+        are not float64 on the CPU, a coefficient is a callable (it may answer differently per call)
+        or does not convert."""
+        if not self._np_capable() or len(params) > len(names):
+            return None
+        for given, func in method_pairs:
+            if getattr(given, "__self__", None) is not self or getattr(given, "__func__", None) is not func:
+                return None
+        out = []
+        for (name, default), value in zip(names, tuple(params) + (None,) * (len(names) - len(params))):
+            v = default if value is None else value
+            if callable(v) and not isinstance(v, torch.Tensor):
+                return None
+            c, err = self._param_local(name, value, default, numpy=True)
+            if err is not None:
+                return None
+            out.append(c)
+        return out
+
+    def _np_external(self):
+        """Local (collective when the data are not plain numbers: see :meth:`external`). The external
+        terms as a NumPy view, or None; and whether they are kept (the same on every call)."""
+        ext = self.external()
+        if ext is None:
+            return None, self._constant_data_key() is not None
+        hit = self._np_ext
+        if hit is None or hit[0] is not ext:   # a view: kept while external() keeps the tensor
+            hit = self._np_ext = (ext, ext.detach().numpy())
+        return hit[1], self._constant_data_key() is not None
+
     def _np_index(self):
         """Local. ``(flat cells, (E, nv), n_ext, constrained dofs)`` as NumPy arrays (built once)."""
         if self._np is None:
@@ -271,16 +337,24 @@ class NonlinearProblem:
             self._np_dofs = flat.reshape(E, nv).T[:, None, :] * bs + np.arange(bs)[None, :, None]
         return self._np_dofs
 
-    def _np_cell_values(self, u: np.ndarray, lifted: bool = False) -> np.ndarray:
-        """Collective. :meth:`cell_values` of ``lift(u)`` (``lifted``: ``u`` is already lifted) as
-        NumPy: ``(E, nv)`` for a scalar space; ``(nv, bs, E)`` for a vector one (cell index last,
-        see :meth:`_np_cell_dofs`)."""
-        bs = self.space.bs
-        if not lifted:
-            u = self._np_lift(u)
+    def _np_extended(self, u: np.ndarray) -> np.ndarray:
+        """Collective. The lifted owned dofs ``u`` followed by the ghost nodes' (the extended dof
+        array the cell values are taken from; ``u`` itself on one rank)."""
         if self.comm.Get_size() > 1:
+            bs = self.space.bs
             u = np.concatenate([u, self.space.node_plan.forward_raw(torch.from_numpy(u.reshape(-1, bs)))
                                 .numpy().reshape(-1)])
+        return u
+
+    def _np_cell_values(self, u: np.ndarray, lifted: bool = False, extended: bool = False) -> np.ndarray:
+        """Collective. :meth:`cell_values` of ``lift(u)`` (``lifted``: ``u`` is already lifted;
+        ``extended``: ``u`` is :meth:`_np_extended`'s array, no communication) as NumPy: ``(E, nv)``
+        for a scalar space; ``(nv, bs, E)`` for a vector one (cell index last, see :meth:`_np_cell_dofs`)."""
+        bs = self.space.bs
+        if not (lifted or extended):
+            u = self._np_lift(u)
+        if not extended:
+            u = self._np_extended(u)
         if bs > 1:
             return u.take(self._np_cell_dofs())
         flat, shape, _, _ = self._np_index()
@@ -303,16 +377,22 @@ class NonlinearProblem:
             owned = owned + self.space.node_plan.reverse_raw(ghost).numpy().reshape(-1)
         return owned
 
-    def _np_finish_residual(self, u: np.ndarray, re: np.ndarray) -> torch.Tensor:
+    def _np_finish_residual(self, u: np.ndarray, re: np.ndarray, out: Optional[np.ndarray] = None,
+                            ext=False) -> torch.Tensor:
         """Collective. :meth:`_finish_residual` on NumPy arrays (``re`` as :meth:`_np_assemble_cells`
-        takes it)."""
+        takes it); ``out``: written there (the owned rows' length, float64), a tensor over it
+        returned; ``ext``: the external terms as :meth:`_np_external` gives them (``False``: ask it)."""
         r = self._np_assemble_cells(re)
-        ext = self.external()
+        if ext is False:
+            ext = self._np_external()[0]
         if ext is not None:
-            hit = self._np_ext
-            if hit is None or hit[0] is not ext:   # a view: kept while external() keeps the tensor
-                hit = self._np_ext = (ext, ext.detach().numpy())
-            r -= hit[1]
+            if out is None:
+                r -= ext
+            else:
+                r = np.subtract(r, ext, out=out)
+        if out is not None and r is not out:
+            out[...] = r
+            r = out
         if self.bc is not None:
             idx = self._np_index()[3]
             r[idx] = u[idx] - self._np_bc_values()
@@ -327,6 +407,13 @@ class NonlinearProblem:
             if cell_last:
                 Ke = np.ascontiguousarray(Ke.transpose(2, 0, 1))
             return self._finish_jacobian(torch.from_numpy(Ke))
+        return self._np_checked_values(sp.template, self._np_scalar_values(Ke, cell_last))
+
+    def _np_scalar_values(self, Ke: np.ndarray, cell_last: bool) -> np.ndarray:
+        """Local (collective on several ranks: the reverse halo). The values of a scalar space's
+        tangent with Dirichlet rows (``sp.template``'s entries, unchecked) from element tangents
+        ``Ke`` laid out as :meth:`_np_finish_jacobian` takes them."""
+        sp = self.space
         hit = self._np_slots
         if hit is None:
             kept, kept_slot, remote, remote_slot, zero, base = self._scalar_slots(torch.float64)
@@ -345,19 +432,23 @@ class NonlinearProblem:
             r = _sum_into(remote_slot, flat.take(remote), sp.n_remote)
             r = sp.nnz_plan.reverse_raw(torch.from_numpy(r)).numpy()
             v = v + np.where(zero, 0.0, r)
-        return self._np_checked_values(sp.template, v)
+        return v
 
-    def _np_checked_values(self, template: DSparseTensor, v: np.ndarray, err: Optional[Exception] = None
-                           ) -> DSparseTensor:
-        """Collective. ``template`` with the tangent values ``v`` (its shape, float64), checked
-        finite in one collective check together with ``err`` (this rank's problem found while
-        computing them, e.g. inverted cells): :meth:`DSparseTensor.with_values`'s reduction,
-        without its checks of what this class made itself (shape, dtype)."""
+    def _np_check_values(self, v: np.ndarray, err: Optional[Exception] = None) -> np.ndarray:
+        """Collective. ``v`` (tangent values) checked finite in one collective check together with
+        ``err`` (this rank's problem found while computing them, e.g. inverted cells)."""
         if err is None and not all_finite_np(v):
             err = ValueError("the tangent has NaN or infinite values (the state or the coefficients "
                              "overflow)")
         check_collective(self.comm, err)
-        return template._with_checked_values(torch.from_numpy(v))
+        return v
+
+    def _np_checked_values(self, template: DSparseTensor, v: np.ndarray, err: Optional[Exception] = None
+                           ) -> DSparseTensor:
+        """Collective. ``template`` with the tangent values ``v`` (its shape, float64), checked
+        as :meth:`_np_check_values` does: :meth:`DSparseTensor.with_values`'s reduction, without its
+        checks of what this class made itself (shape, dtype)."""
+        return template._with_checked_values(torch.from_numpy(self._np_check_values(v, err)))
 
     def _np_block_slots(self) -> np.ndarray:
         """Local. Vector spaces: the matrix slot (``< nnz``: owned block, else ``nnz +`` remote
@@ -383,11 +474,23 @@ class NonlinearProblem:
         return self._np_tslots
 
     def _np_finish_block_jacobian(self, V: np.ndarray, err: Optional[Exception] = None) -> DSparseTensor:
+        """Collective. The tangent of the element sums ``V`` (see :meth:`_np_block_values`), checked
+        together with ``err`` (this rank's problem found while computing ``V``, raised on every rank)."""
+        v = self._np_check_values(self._np_block_values(V), err)
+        return self._np_template()._with_checked_values(torch.from_numpy(v))
+
+    def _np_template(self) -> DSparseTensor:
+        """Local (collective at the first call on a vector space: :meth:`_scalar_layout`). The
+        template whose entries :meth:`_np_block_values` gives."""
+        sp = self.space
+        return sp.template if self.block_jacobian else self._scalar_layout(sp.template)[0]
+
+    def _np_block_values(self, V: np.ndarray) -> np.ndarray:
         """Collective. :meth:`_finish_jacobian` of element tangents already summed per matrix slot:
         ``V`` ``(nnz + n_remote, bs, bs)``, the owned blocks then the entries of other ranks' rows
         (the sums :meth:`Assembler._assemble_slots` makes), on NumPy arrays; the same Dirichlet
-        elimination and scalar (AIJ) or block layout. ``err``: this rank's problem found while
-        computing ``V``, raised on every rank by the values' own collective check."""
+        elimination and scalar (AIJ) or block layout; the values of :meth:`_np_template`'s entries,
+        unchecked."""
         sp = self.space
         nnz = sp.nnz
         v = V[:nnz]
@@ -402,11 +505,10 @@ class NonlinearProblem:
             if diag is not None:
                 v += diag
         if self.block_jacobian:
-            return self._np_checked_values(sp.template, v, err)
-        T, perm = self._scalar_layout(sp.template)
+            return v
         if self._np_perm is None:
-            self._np_perm = perm.cpu().numpy()
-        return self._np_checked_values(T, v.reshape(-1).take(self._np_perm), err)
+            self._np_perm = self._scalar_layout(sp.template)[1].cpu().numpy()
+        return v.reshape(-1).take(self._np_perm)
 
     def _constant_data_key(self):
         """Local. A key of the source and Neumann data when all of them are plain numbers (or
@@ -662,20 +764,24 @@ class NonlinearDiffusion(NonlinearProblem):
                            np.ascontiguousarray(flat.reshape(E, nv).T))
         return self._LM_np
 
-    def _np_terms(self, u: np.ndarray):
+    def _np_terms(self, u: np.ndarray, memo: Optional[list] = None):
         """Collective. :meth:`_simplex_terms` of the owned dofs ``u`` (lifted here) on the
         no-autograd path, laid out ``(nv, E)``: ``(M u, s, L u)`` (NumPy's elementwise loops then
-        run over the E-long rows instead of nv-long ones, and no einsum is needed)."""
+        run over the E-long rows instead of nv-long ones, and no einsum is needed); ``L u`` is the
+        caller's to change. ``memo``: a one-entry list keeping the latest terms (see :func:`_recall`)."""
         L, Mt, cells = self._np_LM()
-        u = self._np_lift(u)
-        if self.comm.Get_size() > 1:
-            u = np.concatenate([u, self.space.node_plan.forward_raw(torch.from_numpy(u.reshape(-1, 1)))
-                                .numpy().reshape(-1)])
+        u = self._np_extended(self._np_lift(u))
+        hit = _recall(memo, u)
+        if hit is not None:
+            return hit[0], hit[1], hit[2].copy()
         ue = u.take(cells)                                                          # (nv, E)
         t = Mt @ ue                                                                 # (M u)_j, (nv, E)
         s = (t * ue).sum(0)
         s += 1
-        return t, s, np.add.reduce(L * ue, axis=1)                                  # (L u)_i
+        Lu = np.add.reduce(L * ue, axis=1)                                          # (L u)_i
+        if memo is not None:
+            memo[0] = (u.copy(), (t, s, Lu.copy()))
+        return t, s, Lu
 
     @staticmethod
     def _simplex_terms(ue, L, M):
@@ -692,6 +798,33 @@ class NonlinearDiffusion(NonlinearProblem):
         2κ u δu ∇u·∇v -> 2κ (L u)_i (M u)_j (row i: test v_i); torch or NumPy."""
         t, s, Lu = cls._simplex_terms(ue, L, M)
         return L * (k * s)[:, None, None] + (Lu * (2 * k)[:, None])[:, :, None] * t[:, None, :]
+
+    def iterate_kernels(self, residual, jacobian, params: tuple):
+        """Local. See :meth:`NonlinearProblem.iterate_kernels`: on simplices with a Dirichlet
+        condition, the NumPy path's formulas (the same operations: the same values)."""
+        if not self.simplex or self.bc is None:
+            return None
+        coefs = self._np_kernel_coefs(((residual, NonlinearDiffusion.residual),
+                                       (jacobian, NonlinearDiffusion.jacobian)), params, (("kappa", self.kappa),))
+        if coefs is None:
+            return None
+        (k,) = coefs
+        ext, kept = self._np_external()
+        L = self._np_LM()[0]
+        memo = [None]   # Newton's tangent is evaluated where its latest residual was
+
+        def residual_into(x: np.ndarray, out: np.ndarray) -> None:
+            _, s, Lu = self._np_terms(x, memo)
+            Lu *= k * s
+            self._np_finish_residual(x, Lu.T, out, ext if kept else False)
+
+        def tangent_values(x: np.ndarray) -> np.ndarray:
+            t, s, Lu = self._np_terms(x, memo)
+            Lu *= 2 * k
+            Ke = L * (k * s)
+            Ke += Lu[:, None, :] * t[None, :, :]
+            return self._np_check_values(self._np_scalar_values(Ke, True))
+        return residual_into, tangent_values
 
     @checked_collectively
     def residual(self, u: torch.Tensor, kappa: Union[None, float, torch.Tensor] = None) -> torch.Tensor:

@@ -78,6 +78,19 @@ class Problem:
         self._one_owner = all(self._local_checks) and owner is not None and owner is getattr(jacobian, "__self__", None)
         self._checked_u = None   # the u of the latest residual evaluation that passed (one_owner)
 
+    def iterate_kernels(self):
+        """Local. The NumPy kernels of the residual's owner for this solve's own iterates
+        (:meth:`slasolve.fem.NonlinearProblem.iterate_kernels`: ``(residual_into, tangent_values)``),
+        or None: only for a residual and Jacobian that are methods of one object checking their
+        inputs collectively, in float64. Ask once the evaluations at ``u0`` passed their checks;
+        decided alike on every rank (from the problem and the parameters' types)."""
+        if not self._one_owner or self.dtype != torch.float64:
+            return None
+        make = getattr(self._residual.__self__, "iterate_kernels", None)
+        if make is None:
+            return None
+        return make(self._residual, self._jacobian, self.params)
+
     def without_objective(self) -> "Problem":
         """Local. The same residual, Jacobian and parameters without an objective; its call
         counters continue from this one's."""
