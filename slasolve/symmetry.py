@@ -52,24 +52,46 @@ def exactly_symmetric(dA) -> bool:
     comm = dA.comm
     if comm.Get_size() == 1:
         return not bad
-    outer = torch.zeros(v.shape[0], dtype=torch.bool, device=v.device) if inner is None else ~inner
-    roff = L.rstart * L.br
-    rows = loc.pattern.rows()[outer].cpu().numpy().astype(np.uint64)
-    cols = loc.pattern.indices[outer].cpu().numpy().astype(np.uint64)
-    if br > 1:   # the scalar entries of the interface blocks only: (block row, i) and (block col, j)
-        ij = np.arange(br, dtype=np.uint64)
-        rows = (rows[:, None, None] * np.uint64(br) + ij[None, :, None]).repeat(br, 2).reshape(-1)
-        cols = (cols[:, None, None] * np.uint64(br) + ij[None, None, :]).repeat(br, 1).reshape(-1)
-    rows = rows + np.uint64(roff)
-    bits = np.ascontiguousarray(v[outer].cpu().numpy().astype(np.float64)).reshape(-1).view(np.uint64)
+    pos, pre = _interface(loc.pattern, inner, L.rstart * L.br, br, v.device)
     acc = np.zeros(3, dtype=np.uint64)
     acc[0] = bad
-    with np.errstate(over="ignore"):
-        for k, seed in enumerate(_HASH_SEEDS, start=1):
-            acc[k] = _entry_hash(rows, cols, bits, seed).sum() - _entry_hash(cols, rows, bits, seed).sum()
+    if pos.numel():
+        bits = flat.index_select(0, pos).cpu().numpy()
+        if bits.dtype != np.float64:
+            bits = bits.astype(np.float64)
+        with np.errstate(over="ignore"):
+            h = _mix64(pre + bits.view(np.uint64)).sum(axis=1)   # h(i, j, v), h(j, i, v) per seed
+            acc[1], acc[2] = h[0] - h[1], h[2] - h[3]
     total = np.zeros_like(acc)
     comm.Allreduce(acc, total, op=MPI.SUM)
     return not total.any()
+
+
+def _interface(pattern, inner, roff: int, br: int, device) -> tuple:
+    """Local. ``(positions, pre)`` for the entries whose mirror lies on other ranks' rows: their
+    positions in the flattened values, and for each the value-independent part of its two hashes
+    per seed, ``(4, m)`` uint64 (seed 0 ``(i, j)``, ``(j, i)``, then seed 1). The 64-bit hash of an
+    entry ``(i, j, v)`` is ``mix(mix(mix(i ^ seed) + j) + bits(v))`` (SplitMix64's finaliser, order-
+    sensitive in ``(i, j)``): the caller adds the value bits and mixes once. Made once per pattern,
+    row offset and block size."""
+    key = ("interface hash", int(roff), int(br))
+    hit = pattern._mirror.get(key)
+    if hit is None:
+        outer = torch.zeros(pattern.nnz, dtype=torch.bool) if inner is None else ~inner.cpu()
+        rows = pattern.rows().cpu()[outer].numpy().astype(np.uint64)
+        cols = pattern.indices.cpu()[outer].numpy().astype(np.uint64)
+        nb = torch.nonzero(outer).reshape(-1)
+        if br > 1:   # the scalar entries of the interface blocks only: (block row, i) and (block col, j)
+            ij = np.arange(br, dtype=np.uint64)
+            rows = (rows[:, None, None] * np.uint64(br) + ij[None, :, None]).repeat(br, 2).reshape(-1)
+            cols = (cols[:, None, None] * np.uint64(br) + ij[None, None, :]).repeat(br, 1).reshape(-1)
+            nb = (nb[:, None] * (br * br) + torch.arange(br * br)).reshape(-1)
+        rows = rows + np.uint64(roff)
+        with np.errstate(over="ignore"):
+            pre = np.stack([_mix64(_mix64(a ^ seed) + b) for seed in _HASH_SEEDS
+                            for a, b in ((rows, cols), (cols, rows))])
+        hit = pattern._mirror[key] = (nb.to(device), pre)
+    return hit
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -77,11 +99,6 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
-
-
-def _entry_hash(rows: np.ndarray, cols: np.ndarray, bits: np.ndarray, seed) -> np.ndarray:
-    """A 64-bit hash of each entry ``(row, col, value bits)``, order-sensitive in ``(row, col)``."""
-    return _mix64(_mix64(_mix64(rows ^ seed) + cols) + bits)
 
 
 def symmetry_defect(dA) -> float:
