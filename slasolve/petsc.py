@@ -8,7 +8,6 @@ every ``with_values`` copy), so new values are written into the same Mat.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from typing import Iterator, Optional
 
 import numpy as np
@@ -195,6 +194,7 @@ class _AIJWriter:
         self._mat = mat
         self._sources = sources                   # per AIJ block: flat value index of each array entry
         self._counts = [int(x.size) for x in sources]
+        self._access = None                       # the writable AIJArrays, made on first use
 
     @classmethod
     def build(cls, mat, dA, L) -> Optional["_AIJWriter"]:
@@ -256,12 +256,17 @@ class _AIJWriter:
         """Local. ``fn(views)`` on writable NumPy views of the Mat's AIJ value arrays (diagonal block,
         then off-diagonal block; ``self._counts`` entries each), between Get/RestoreArray (the
         restore moves the blocks' state); None when PETSc refuses."""
-        from ._petsc_values import aij_array_addresses
-        with aij_array_addresses(self._mat, len(self._counts), writable=True) as addresses:
-            if addresses is None or any(c and not a for a, c in zip(addresses, self._counts)):
-                return None
-            return fn([np.frombuffer((ctypes.c_double * c).from_address(a), dtype=np.float64) if c else np.zeros(0)
-                       for a, c in zip(addresses, self._counts)])
+        from ._petsc_values import AIJArrays
+        arrays = self._access
+        if arrays is None:
+            arrays = self._access = AIJArrays(self._mat, self._counts, writable=True)
+        views = arrays.acquire()
+        if views is None:
+            return None
+        try:
+            return fn(views)
+        finally:
+            arrays.release()
 
     def write(self, values: torch.Tensor) -> bool:
         """Local. Write ``values`` (the tensor's, CPU float64) into the Mat's arrays; False when
