@@ -21,7 +21,7 @@ except ImportError as e:  # pragma: no cover - exercised on machines without PET
     raise ImportError("slasolve.petsc needs petsc4py: install your PETSc's petsc4py "
                       "(Debian/Ubuntu: apt install python3-petsc4py), see README") from e
 
-__all__ = ["PETSc", "to_petsc_mat", "create_petsc_mat", "fill_petsc_mat", "aij_value_writer", "garbage_cleanup",
+__all__ = ["PETSc", "to_petsc_mat", "cached_mat", "create_petsc_mat", "fill_petsc_mat", "aij_value_writer", "garbage_cleanup",
            "tensor_to_vec", "vec_to_tensor", "set_options", "temporary_options", "option_entries"]
 
 _IntType = PETSc.IntType
@@ -105,6 +105,14 @@ def values_differ(dA, mat_type: Optional[str] = None) -> Optional[bool]:
     L = dA._need_row_shard("to_petsc")
     entry = L.cache("petsc_mats").get(_default_type(dA) if mat_type is None else mat_type)
     return None if entry is None else _differs_here(entry, dA.values.detach())
+
+
+def cached_mat(dA, mat_type: Optional[str] = None):
+    """Local. The PETSc Mat of ``mat_type`` cached on ``dA``'s layout (what :func:`to_petsc_mat`
+    returns), or None when none was made yet; nothing is compared or refilled."""
+    L = dA._need_row_shard("to_petsc")
+    entry = L.cache("petsc_mats").get(_default_type(dA) if mat_type is None else mat_type)
+    return None if entry is None else entry[0]
 
 
 def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None, changed: Optional[bool] = None):

@@ -89,7 +89,7 @@ from mpi4py import MPI
 
 from .. import _log
 from .._comm import allreduce_int, check_collective
-from ..petsc import PETSc, option_entries, temporary_options, to_petsc_mat, values_differ
+from ..petsc import PETSc, cached_mat, option_entries, temporary_options, to_petsc_mat, values_differ
 from ..registry import PRECONDITIONERS, krylov_method, petsc_method_name, preconditioner
 from .base import KrylovSolver
 from .info import REASONS, SolveInfo
@@ -377,15 +377,20 @@ class PetscKrylov(KrylovSolver):
 
     def _run(self, ksp, dA, b: torch.Tensor, x0: Optional[torch.Tensor], transpose: bool, *, rtol, atol,
              maxiter, callback, record_history, reuse_pc: bool = False,
-             reset_operators: bool = True, near_nullspace: Optional[torch.Tensor] = None) -> tuple:
+             reset_operators: bool = True, near_nullspace: Optional[torch.Tensor] = None,
+             known_bnorm: Optional[float] = None) -> tuple:
         bb = _cpu64(b)
         bn = bb.numpy()
         key = "main" if ksp is self.ksp else "T"
         pc_type = self._pc_types.get(key)
         if pc_type is None:
             pc_type = self._pc_types[key] = ksp.getPC().getType()
-        op = None
-        if reset_operators:
+        op = self._ops.get(key) if reset_operators and known_bnorm is not None else None
+        if op is not None:
+            # the caller established collectively that the operator Mat has not changed since this
+            # KSP's last solve (operator_stamp), which refreshed and checked it, and knows ||b||
+            bnorm = float(known_bnorm)
+        elif reset_operators:
             # one reduction: whether any rank's values changed (the Mat is refilled in place
             # then), ||b||^2 (local dot products summed, as PETSc's VecNorm does) and whether a
             # rank's diagonal fails the preconditioner's need (checked here, before the refill,
@@ -556,6 +561,13 @@ class PetscKrylov(KrylovSolver):
                          setup_time=setup, solve_time=solve, method=self.method_name,
                          backend="petsc", rtol=rtol, atol=atol,
                          pc="callable" if self.pc_type == "python" else self.pc_type)
+
+    def operator_stamp(self, dA) -> Optional[tuple]:
+        """Local. The identity and PETSc state of the operator Mat cached on ``dA``'s layout (every
+        solve on the layout refreshes that Mat), or None when there is none yet. A solve made on
+        a stamp that is unchanged on every rank may pass ``known_bnorm`` (see :meth:`_run`)."""
+        mat = cached_mat(dA, "aij")
+        return None if mat is None else (mat.handle, mat.stateGet())
 
     def solve(self, dA, b, x0=None, **kw):
         """Collective. Solve ``A x = b`` for one right-hand side ``(n_local,)``.
