@@ -94,11 +94,11 @@ def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     xfull = torch.cat([xb, xg.reshape(-1, bc * K)]) if xg.numel() else xb
     ip = L._pattern.indptr
     nnz = int(values.shape[0])
-    counts = ip[1:] - ip[:-1]
     lc = _local_cols(L)
     if br == 1 and bc == 1 and K == 1:  # 1-D gathers: the fastest torch has (cached row ids)
-        gv = g.reshape(-1).index_select(0, _rows(L, counts)) * xfull.reshape(-1).index_select(0, lc)
-        return gv.reshape(values.shape).to(values.dtype)
+        gv = g.reshape(-1).index_select(0, _rows(L)) * xfull.reshape(-1).index_select(0, lc)
+        return gv if gv.dtype == values.dtype else gv.to(values.dtype)
+    counts = ip[1:] - ip[:-1]
     G = torch.repeat_interleave(g.reshape(n_rows, br * K), counts, dim=0, output_size=nnz)
     X = xfull.index_select(0, lc)                             # (nnz, bc * K)
     if K == 1:  # one product per block row: a broadcast over tiny trailing dims is 3x slower
@@ -110,9 +110,11 @@ def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return gv.reshape(values.shape).to(values.dtype)
 
 
-def _rows(L, counts: torch.Tensor) -> torch.Tensor:
+def _rows(L) -> torch.Tensor:
     """Local. Each stored entry's local row (int32 where it fits; cached on the layout)."""
     def build():
+        ip = L._pattern.indptr
+        counts = ip[1:] - ip[:-1]
         n = int(counts.numel())
         dt = torch.int32 if n < 2 ** 31 else torch.int64
         return torch.repeat_interleave(torch.arange(n, dtype=dt, device=counts.device), counts)

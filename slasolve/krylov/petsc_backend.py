@@ -893,7 +893,7 @@ def _sync_solution(X, xn: np.ndarray) -> None:
     (hypre) swap the array under a Vec created over user memory, leaving the solution in
     PETSc-owned storage."""
     arr = X.getArray(readonly=True)
-    if arr.__array_interface__["data"][0] != xn.__array_interface__["data"][0]:
+    if not np.may_share_memory(arr, xn):   # another buffer (a bounds test: no address dicts made)
         xn[...] = arr
 
 
