@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-__all__ = ["get_comm", "check_collective", "raise_collected", "settings_digest", "options_key", "exchange_by_rank", "reply_by_rank", "allreduce_sum", "allreduce_max", "allreduce_int",
+__all__ = ["get_comm", "check_collective", "raise_collected", "settings_digest", "agree_digest", "options_key", "exchange_by_rank", "reply_by_rank", "allreduce_sum", "allreduce_max", "allreduce_int",
            "exscan_sum", "user_code"]
 
 _ERROR_TYPES = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError,
@@ -57,7 +57,13 @@ def _value_key(v) -> str:
     return repr(v)
 
 
-def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=None, flag: bool = False) -> bool:
+def agree_digest(agree) -> int:
+    """Local. The digest :func:`check_collective` compares for the settings ``agree``."""
+    return settings_digest(sorted((str(k), v) for k, v in dict(agree).items()))
+
+
+def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=None, flag: bool = False,
+                     digest: Optional[int] = None) -> bool:
     """Collective. Raise ``error`` (or the first rank's error) on every rank.
 
     Each rank passes the result of its own validation: ``None`` when its input is
@@ -73,6 +79,9 @@ def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=No
 
     ``flag`` (optional): a local fact the caller needs combined over the ranks; it rides on
     the same Allreduce, and the return value is True when it is True on any rank.
+
+    ``digest`` (optional, with ``agree``): ``settings_digest(sorted((str(k), v) for k, v in
+    agree.items()))`` computed by the caller (who may keep it for settings it sees again).
     """
     if comm.Get_size() == 1:
         if error is not None:
@@ -84,7 +93,7 @@ def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=No
         failed, any_flag = int(buf[0]), bool(buf[1])
         differ = False
     else:
-        d = settings_digest(sorted((str(k), v) for k, v in dict(agree).items()))
+        d = agree_digest(agree) if digest is None else int(digest)
         # one Allreduce(MIN) of [-failed, digest, -digest, -flag]: -(number failed) needs SUM, so
         # count the failures separately only when some rank failed
         buf = np.array([-(1 if error is not None else 0), d, -d, -(1 if flag else 0)], dtype=np.int64)

@@ -90,6 +90,67 @@ def aij_array_addresses(mat, n_blocks: int, writable: bool = False):
             restore(m, ctypes.byref(p))
 
 
+class AIJArrays:
+    """Local. Repeated access to a ``seqaij`` / ``mpiaij`` Mat's value arrays (diagonal block,
+    then off-diagonal block) as NumPy views: :func:`aij_array_addresses` with its ctypes
+    out-parameters made once and the views kept while PETSc hands out the same addresses, for
+    the per-solve comparison and refill of small matrices, where making those objects cost more
+    than reading the values. ``acquire()`` gets the arrays (None when PETSc refuses or the Mat
+    has not ``len(counts)`` blocks: nothing is then held), ``release()`` restores them (a
+    writable restore moves the block's state)."""
+
+    def __init__(self, mat, counts, writable: bool = False):
+        lib = _lib()
+        self._mat, self._counts, self._lib = mat, [int(c) for c in counts], lib
+        self._type = mat.getType()
+        vp = ctypes.c_void_p
+        self._h = vp(mat.handle)
+        self._mpi = [vp(), vp(), vp()]                  # diagonal block, off-diagonal block, colmap
+        self._mpi_refs = [ctypes.byref(x) for x in self._mpi]
+        self._ptrs = [vp() for _ in self._counts]
+        self._refs = [ctypes.byref(x) for x in self._ptrs]
+        self._views: dict = {}                           # block -> (address, view)
+        self._held: list = []
+        if lib is not None:
+            self._get, self._restore = ((lib.MatSeqAIJGetArray, lib.MatSeqAIJRestoreArray) if writable else
+                                        (lib.MatSeqAIJGetArrayRead, lib.MatSeqAIJRestoreArrayRead))
+
+    def acquire(self) -> Optional[List[np.ndarray]]:
+        """Local. The value arrays as NumPy views (held until :meth:`release`), or None."""
+        if self._lib is None or self._mat.getType() != self._type:
+            return None
+        if self._type == "seqaij":
+            blocks = [self._h]
+        elif self._lib.MatMPIAIJGetSeqAIJ(self._h, *self._mpi_refs):
+            return None
+        else:
+            blocks = self._mpi[:2]
+        if len(blocks) != len(self._counts):
+            return None
+        views = []
+        for i, (m, ref, ptr, count) in enumerate(zip(blocks, self._refs, self._ptrs, self._counts)):
+            if self._get(m, ref):
+                self.release()
+                return None
+            self._held.append((m, ref))
+            address = ptr.value
+            if count and not address:
+                self.release()
+                return None
+            hit = self._views.get(i)
+            if hit is None or hit[0] != address:
+                hit = self._views[i] = (address, np.frombuffer((ctypes.c_double * count).from_address(address),
+                                                               dtype=np.float64) if count else np.zeros(0))
+            views.append(hit[1])
+        return views
+
+    def release(self) -> None:
+        """Local. Restore what :meth:`acquire` got."""
+        held, self._held = self._held, []
+        for m, ref in held:
+            self._restore(m, ref)
+
+
 class AIJValues:
     """Local. Compares one rank's scalar CSR values (rows sorted by global column) with
     the ``seqaij`` / ``mpiaij`` Mat that was built from that pattern.
@@ -104,7 +165,14 @@ class AIJValues:
     def __init__(self, mat, mat_type: str, offd_pos: np.ndarray, n_diag: int, n_offd: int):
         self._mat, self._type = mat, mat_type
         self._offd_pos, self._n_diag, self._n_offd = offd_pos, n_diag, n_offd
-        self._views: dict = {}   # block number -> (address, NumPy view of that address)
+        self._arrays = AIJArrays(mat, [n_diag] if mat_type == "seqaij" else [n_diag, n_offd])
+        # small MPIAIJ: the diagonal block's entries as positions in the CSR values (one gather
+        # and a byte comparison per block instead of masks; at most 4 B per entry of _SMALL)
+        self._diag_pos = None
+        if offd_pos.size and n_diag + n_offd <= _SMALL:
+            keep = np.ones(n_diag + n_offd, dtype=bool)
+            keep[offd_pos] = False
+            self._diag_pos = np.flatnonzero(keep).astype(np.int32)
 
     @classmethod
     def build(cls, mat, indices: np.ndarray, cstart: int, cend: int,
@@ -131,28 +199,23 @@ class AIJValues:
 
     def equal(self, values: np.ndarray) -> Optional[bool]:
         """Local. Whether the Mat holds exactly ``values`` (None: cannot tell; refill)."""
-        if self._mat.getType() != self._type or values.size != self._n_diag + self._n_offd:
+        if values.size != self._n_diag + self._n_offd:
             return None
-        counts = [self._n_diag] if self._type == "seqaij" else [self._n_diag, self._n_offd]
-        with aij_array_addresses(self._mat, len(counts)) as addresses:
-            if addresses is None:
-                return None
-            return self._compare(values, [self._view(i, a, c) for i, (a, c) in enumerate(zip(addresses, counts))])
-
-    def _view(self, i: int, address: Optional[int], count: int) -> np.ndarray:
-        """Local. A NumPy view of the ``count`` doubles at ``address`` (block ``i``), kept while
-        PETSc hands out the same address (it is only read between Get/RestoreArrayRead)."""
-        if not count or not address:
-            return np.zeros(0)
-        hit = self._views.get(i)
-        if hit is None or hit[0] != address or hit[1].size != count:
-            hit = self._views[i] = (address, np.frombuffer((ctypes.c_double * count).from_address(address),
-                                                           dtype=np.float64))
-        return hit[1]
+        views = self._arrays.acquire()
+        if views is None:
+            return None
+        try:
+            return self._compare(values, views)
+        finally:
+            self._arrays.release()
 
     def _compare(self, values: np.ndarray, views: List[np.ndarray]) -> bool:
         diag = views[0]
         pos = self._offd_pos
+        if self._diag_pos is not None and values.dtype == diag.dtype:
+            # identical bits in both blocks (-0.0 against 0.0 only refills)
+            return values.take(pos).tobytes() == views[1].tobytes() and \
+                values.take(self._diag_pos).tobytes() == diag.tobytes()
         if not pos.size:
             if values.dtype == diag.dtype and values.size <= _SMALL:
                 # identical bits: the Mat holds exactly these values (-0.0 against 0.0 only refills)

@@ -8,14 +8,18 @@ exchange. The adjoint of ``x = A^{-1} b`` is then
 """
 from __future__ import annotations
 
-import torch
+from typing import Optional
 
-from ._comm import check_collective
+import numpy as np
+import torch
+from mpi4py import MPI
+
+from ._comm import check_collective, raise_collected
 from .collectives import global_sum
 from .symmetry import looks_symmetric, symmetry_defect  # noqa: F401  (public here since 0.1)
 
-__all__ = ["matvec_value_grad", "global_sum", "saved_tensors", "saved_tensors_and_flag", "symmetry_defect",
-           "AdjointFunction"]
+__all__ = ["matvec_value_grad", "global_sum", "saved_tensors", "saved_tensors_and_flag", "saved_tensors_and_sums",
+           "symmetry_defect", "AdjointFunction"]
 
 
 def saved_tensors(ctx, comm, what: str) -> tuple:
@@ -32,15 +36,34 @@ def saved_tensors(ctx, comm, what: str) -> tuple:
 def saved_tensors_and_flag(ctx, comm, what: str, flag: bool = False) -> tuple:
     """Collective. ``(saved tensors, flag on any rank)``: :func:`saved_tensors` with a local fact
     of the caller's combined on the same Allreduce."""
-    err = out = None
-    try:
-        out = ctx.saved_tensors
-    except RuntimeError as e:
-        err = RuntimeError(f"{what}: a tensor the backward needs (the operator's values or the forward's "
-                           f"inputs/outputs) was modified by an inplace operation after the forward; the "
-                           f"gradient would mix the old and new values. Clone it before changing it, or "
-                           f"call backward first. PyTorch: {e}")
+    out, err = _saved(ctx, what)
     return out, check_collective(comm, err, flag=flag)
+
+
+def _saved(ctx, what: str) -> tuple:
+    """Local. ``(ctx.saved_tensors, None)``, or ``(None, the error to raise on every rank)``."""
+    try:
+        return ctx.saved_tensors, None
+    except RuntimeError as e:
+        return None, RuntimeError(f"{what}: a tensor the backward needs (the operator's values or the forward's "
+                                  f"inputs/outputs) was modified by an inplace operation after the forward; the "
+                                  f"gradient would mix the old and new values. Clone it before changing it, or "
+                                  f"call backward first. PyTorch: {e}")
+
+
+def saved_tensors_and_sums(ctx, comm, what: str, sums: np.ndarray) -> tuple:
+    """Collective. ``(saved tensors, sums summed over the ranks)``: :func:`saved_tensors` with
+    the caller's local float64 numbers ``sums`` (the same count on every rank) added up on the
+    same Allreduce."""
+    out, err = _saved(ctx, what)
+    buf = np.empty(len(sums) + 1)
+    buf[0] = err is not None
+    buf[1:] = sums
+    if comm.Get_size() > 1:
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+    if buf[0]:
+        raise_collected(comm, err, int(buf[0]))
+    return out, buf[1:]
 
 
 def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -71,11 +94,11 @@ def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     xfull = torch.cat([xb, xg.reshape(-1, bc * K)]) if xg.numel() else xb
     ip = L._pattern.indptr
     nnz = int(values.shape[0])
-    counts = ip[1:] - ip[:-1]
     lc = _local_cols(L)
     if br == 1 and bc == 1 and K == 1:  # 1-D gathers: the fastest torch has (cached row ids)
-        gv = g.reshape(-1).index_select(0, _rows(L, counts)) * xfull.reshape(-1).index_select(0, lc)
-        return gv.reshape(values.shape).to(values.dtype)
+        gv = g.reshape(-1).index_select(0, _rows(L)) * xfull.reshape(-1).index_select(0, lc)
+        return gv if gv.dtype == values.dtype else gv.to(values.dtype)
+    counts = ip[1:] - ip[:-1]
     G = torch.repeat_interleave(g.reshape(n_rows, br * K), counts, dim=0, output_size=nnz)
     X = xfull.index_select(0, lc)                             # (nnz, bc * K)
     if K == 1:  # one product per block row: a broadcast over tiny trailing dims is 3x slower
@@ -87,9 +110,11 @@ def matvec_value_grad(dA, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return gv.reshape(values.shape).to(values.dtype)
 
 
-def _rows(L, counts: torch.Tensor) -> torch.Tensor:
+def _rows(L) -> torch.Tensor:
     """Local. Each stored entry's local row (int32 where it fits; cached on the layout)."""
     def build():
+        ip = L._pattern.indptr
+        counts = ip[1:] - ip[:-1]
         n = int(counts.numel())
         dt = torch.int32 if n < 2 ** 31 else torch.int64
         return torch.repeat_interleave(torch.arange(n, dtype=dt, device=counts.device), counts)
@@ -144,8 +169,12 @@ class AdjointFunction(torch.autograd.Function):
             raise RuntimeError(f"{cls.name} is differentiable once: second derivatives (backward with "
                                "create_graph=True) through it are not implemented; they would silently "
                                "miss the terms of its adjoint")
-        saved, ctx.early_flag = saved_tensors_and_flag(ctx, cls.comm(ctx), f"backward of {cls.name}",
-                                                       bool(cls.early_flag(ctx, *grads)))
+        sums = cls.early_sums(ctx, *grads)
+        if sums is None:
+            saved, ctx.early_flag = saved_tensors_and_flag(ctx, cls.comm(ctx), f"backward of {cls.name}",
+                                                           bool(cls.early_flag(ctx, *grads)))
+        else:
+            saved, ctx.early_sums = saved_tensors_and_sums(ctx, cls.comm(ctx), f"backward of {cls.name}", sums)
         return cls.adjoint(ctx, saved, *grads)
 
     @staticmethod
@@ -153,3 +182,11 @@ class AdjointFunction(torch.autograd.Function):
         """Local. A fact the subclass's :meth:`adjoint` needs combined over the ranks (True on any
         rank), read there as ``ctx.early_flag``: it rides on the saved-tensor check's Allreduce."""
         return False
+
+    @staticmethod
+    def early_sums(ctx, *grads) -> Optional[np.ndarray]:
+        """Local. Numbers (float64, the same count on every rank) the subclass's :meth:`adjoint`
+        needs summed over the ranks, read there as ``ctx.early_sums``: they ride on the
+        saved-tensor check's Allreduce instead of :meth:`early_flag`'s. None (the default):
+        :meth:`early_flag` is used."""
+        return None

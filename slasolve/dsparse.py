@@ -569,6 +569,22 @@ class DSparseTensor:
         """Local. The owned rows' scalar diagonal (square row shard)."""
         return self._need_row_shard("diagonal").diagonal(self.values)
 
+    def diagonal_nonzero(self) -> bool:
+        """Local. Whether every owned row's scalar main-diagonal entry is stored and nonzero
+        (NaN counts as nonzero, as in ``diagonal() != 0``); square row shard. For scalar CPU
+        tensors one gather of the stored diagonal entries (their positions found once per
+        layout), else ``diagonal()``."""
+        L = self._need_row_shard("diagonal")
+        v = self.values
+        if L.block or v.device.type != "cpu" or v.dtype not in (torch.float64, torch.float32):
+            return bool((self.diagonal() != 0).all())
+
+        def build():
+            rows, pos = L._diagonal_entries()
+            return pos.cpu().numpy(), int(rows.numel()) == L.rend - L.rstart
+        pos, complete = L.cached("diagonal", "numpy", build)
+        return complete and bool(v.detach().numpy().take(pos).all())
+
     # -- global vectors ---------------------------------------------------------
     def _row_perm(self):
         p = self._spec.partition

@@ -8,7 +8,6 @@ every ``with_values`` copy), so new values are written into the same Mat.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from typing import Iterator, Optional
 
 import numpy as np
@@ -22,7 +21,7 @@ except ImportError as e:  # pragma: no cover - exercised on machines without PET
     raise ImportError("slasolve.petsc needs petsc4py: install your PETSc's petsc4py "
                       "(Debian/Ubuntu: apt install python3-petsc4py), see README") from e
 
-__all__ = ["PETSc", "to_petsc_mat", "create_petsc_mat", "fill_petsc_mat", "aij_value_writer", "garbage_cleanup",
+__all__ = ["PETSc", "to_petsc_mat", "cached_mat", "create_petsc_mat", "fill_petsc_mat", "aij_value_writer", "garbage_cleanup",
            "tensor_to_vec", "vec_to_tensor", "set_options", "temporary_options", "option_entries"]
 
 _IntType = PETSc.IntType
@@ -106,6 +105,14 @@ def values_differ(dA, mat_type: Optional[str] = None) -> Optional[bool]:
     L = dA._need_row_shard("to_petsc")
     entry = L.cache("petsc_mats").get(_default_type(dA) if mat_type is None else mat_type)
     return None if entry is None else _differs_here(entry, dA.values.detach())
+
+
+def cached_mat(dA, mat_type: Optional[str] = None):
+    """Local. The PETSc Mat of ``mat_type`` cached on ``dA``'s layout (what :func:`to_petsc_mat`
+    returns), or None when none was made yet; nothing is compared or refilled."""
+    L = dA._need_row_shard("to_petsc")
+    entry = L.cache("petsc_mats").get(_default_type(dA) if mat_type is None else mat_type)
+    return None if entry is None else entry[0]
 
 
 def to_petsc_mat(dA, *, refill: bool = True, mat_type: Optional[str] = None, changed: Optional[bool] = None):
@@ -195,6 +202,7 @@ class _AIJWriter:
         self._mat = mat
         self._sources = sources                   # per AIJ block: flat value index of each array entry
         self._counts = [int(x.size) for x in sources]
+        self._access = None                       # the writable AIJArrays, made on first use
 
     @classmethod
     def build(cls, mat, dA, L) -> Optional["_AIJWriter"]:
@@ -256,12 +264,17 @@ class _AIJWriter:
         """Local. ``fn(views)`` on writable NumPy views of the Mat's AIJ value arrays (diagonal block,
         then off-diagonal block; ``self._counts`` entries each), between Get/RestoreArray (the
         restore moves the blocks' state); None when PETSc refuses."""
-        from ._petsc_values import aij_array_addresses
-        with aij_array_addresses(self._mat, len(self._counts), writable=True) as addresses:
-            if addresses is None or any(c and not a for a, c in zip(addresses, self._counts)):
-                return None
-            return fn([np.frombuffer((ctypes.c_double * c).from_address(a), dtype=np.float64) if c else np.zeros(0)
-                       for a, c in zip(addresses, self._counts)])
+        from ._petsc_values import AIJArrays
+        arrays = self._access
+        if arrays is None:
+            arrays = self._access = AIJArrays(self._mat, self._counts, writable=True)
+        views = arrays.acquire()
+        if views is None:
+            return None
+        try:
+            return fn(views)
+        finally:
+            arrays.release()
 
     def write(self, values: torch.Tensor) -> bool:
         """Local. Write ``values`` (the tensor's, CPU float64) into the Mat's arrays; False when

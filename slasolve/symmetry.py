@@ -10,6 +10,7 @@ symmetric up to rounding.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import numpy as np
 import torch
@@ -17,7 +18,8 @@ from mpi4py import MPI
 
 from ._comm import allreduce_sum
 
-__all__ = ["exactly_symmetric", "symmetry_defect", "looks_symmetric", "SYMMETRY_RTOL"]
+__all__ = ["exactly_symmetric", "symmetry_defect", "looks_symmetric", "SYMMETRY_RTOL", "SYMMETRY_SUMS",
+           "symmetry_sums", "symmetric_from_sums"]
 
 #: a relative defect above this (see :func:`symmetry_defect`) counts as a nonsymmetric matrix:
 #: far above the rounding of the two products and reductions (~sqrt(n) eps), far below the
@@ -35,8 +37,25 @@ def exactly_symmetric(dA) -> bool:
     rows, through a multiset hash: ``sum h(i, j, v)`` and ``sum h(j, i, v)`` over them
     (64-bit, two independent hashes) are equal on the whole communicator iff the
     transposed entries are the same multiset, up to a 2**-128 chance of a collision. One
-    Allreduce of three integers on several ranks, none on one.
+    Allreduce of nine numbers on several ranks, none on one (:func:`symmetry_sums` and
+    :func:`symmetric_from_sums` split it for a caller that has a reduction of its own).
     """
+    sums = symmetry_sums(dA)
+    comm = dA.comm
+    if comm.Get_size() > 1:
+        comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
+    return symmetric_from_sums(sums)
+
+
+#: how many numbers :func:`symmetry_sums` gives
+SYMMETRY_SUMS = 9
+
+
+def symmetry_sums(dA) -> np.ndarray:
+    """Local. This rank's part of :func:`exactly_symmetric`: ``SYMMETRY_SUMS`` float64 numbers
+    whose sum over the ranks (an ``MPI.SUM`` reduction, exact: integers below 2**53) decides
+    it (:func:`symmetric_from_sums`): whether a mirrored entry inside this rank's rows differs,
+    and the two interface hash differences in 16-bit pieces."""
     L = dA._layout
     loc = dA.local
     br, bc = loc.block_shape if loc.is_block else (1, 1)
@@ -48,28 +67,62 @@ def exactly_symmetric(dA) -> bool:
     inner, perm = loc.pattern.value_mirror(L.rstart if loc.is_block else L.rstart * L.br, br)
     v = loc.values.detach()
     flat = v.reshape(-1)
-    bad = perm is None or not torch.equal(flat.index_select(0, perm), flat)
-    comm = dA.comm
-    if comm.Get_size() == 1:
-        return not bad
-    outer = torch.zeros(v.shape[0], dtype=torch.bool, device=v.device) if inner is None else ~inner
-    roff = L.rstart * L.br
-    rows = loc.pattern.rows()[outer].cpu().numpy().astype(np.uint64)
-    cols = loc.pattern.indices[outer].cpu().numpy().astype(np.uint64)
-    if br > 1:   # the scalar entries of the interface blocks only: (block row, i) and (block col, j)
-        ij = np.arange(br, dtype=np.uint64)
-        rows = (rows[:, None, None] * np.uint64(br) + ij[None, :, None]).repeat(br, 2).reshape(-1)
-        cols = (cols[:, None, None] * np.uint64(br) + ij[None, None, :]).repeat(br, 1).reshape(-1)
-    rows = rows + np.uint64(roff)
-    bits = np.ascontiguousarray(v[outer].cpu().numpy().astype(np.float64)).reshape(-1).view(np.uint64)
-    acc = np.zeros(3, dtype=np.uint64)
-    acc[0] = bad
-    with np.errstate(over="ignore"):
-        for k, seed in enumerate(_HASH_SEEDS, start=1):
-            acc[k] = _entry_hash(rows, cols, bits, seed).sum() - _entry_hash(cols, rows, bits, seed).sum()
-    total = np.zeros_like(acc)
-    comm.Allreduce(acc, total, op=MPI.SUM)
-    return not total.any()
+    out = np.zeros(SYMMETRY_SUMS)
+    out[0] = perm is None or not torch.equal(flat.index_select(0, perm), flat)
+    if dA.comm.Get_size() == 1:
+        return out
+    pos, pre = _interface(loc.pattern, inner, L.rstart * L.br, br, v.device)
+    if pos.numel():
+        bits = flat.index_select(0, pos).cpu().numpy()
+        if bits.dtype != np.float64:
+            bits = bits.astype(np.float64)
+        with np.errstate(over="ignore"):
+            h = _mix64(pre + bits.view(np.uint64)).sum(axis=1)   # h(i, j, v), h(j, i, v) per seed
+            d = np.array([h[0] - h[1], h[2] - h[3]], dtype=np.uint64)
+        out[1:] = ((d[:, None] >> _PIECE_SHIFTS) & np.uint64(0xFFFF)).reshape(-1)
+    return out
+
+
+def symmetric_from_sums(sums: np.ndarray) -> bool:
+    """Local. :func:`exactly_symmetric` from the ranks' :func:`symmetry_sums` summed: no rank
+    found a differing mirror and both hash differences vanish modulo 2**64."""
+    if sums[0]:
+        return False
+    for k in range(2):
+        pieces = sums[1 + 4 * k:5 + 4 * k]
+        if sum(int(p) << (16 * i) for i, p in enumerate(pieces)) % (1 << 64):
+            return False
+    return True
+
+
+_PIECE_SHIFTS = np.array([0, 16, 32, 48], dtype=np.uint64)
+
+
+def _interface(pattern, inner, roff: int, br: int, device) -> tuple:
+    """Local. ``(positions, pre)`` for the entries whose mirror lies on other ranks' rows: their
+    positions in the flattened values, and for each the value-independent part of its two hashes
+    per seed, ``(4, m)`` uint64 (seed 0 ``(i, j)``, ``(j, i)``, then seed 1). The 64-bit hash of an
+    entry ``(i, j, v)`` is ``mix(mix(mix(i ^ seed) + j) + bits(v))`` (SplitMix64's finaliser, order-
+    sensitive in ``(i, j)``): the caller adds the value bits and mixes once. Made once per pattern,
+    row offset and block size."""
+    key = ("interface hash", int(roff), int(br))
+    hit = pattern._mirror.get(key)
+    if hit is None:
+        outer = torch.zeros(pattern.nnz, dtype=torch.bool) if inner is None else ~inner.cpu()
+        rows = pattern.rows().cpu()[outer].numpy().astype(np.uint64)
+        cols = pattern.indices.cpu()[outer].numpy().astype(np.uint64)
+        nb = torch.nonzero(outer).reshape(-1)
+        if br > 1:   # the scalar entries of the interface blocks only: (block row, i) and (block col, j)
+            ij = np.arange(br, dtype=np.uint64)
+            rows = (rows[:, None, None] * np.uint64(br) + ij[None, :, None]).repeat(br, 2).reshape(-1)
+            cols = (cols[:, None, None] * np.uint64(br) + ij[None, None, :]).repeat(br, 1).reshape(-1)
+            nb = (nb[:, None] * (br * br) + torch.arange(br * br)).reshape(-1)
+        rows = rows + np.uint64(roff)
+        with np.errstate(over="ignore"):
+            pre = np.stack([_mix64(_mix64(a ^ seed) + b) for seed in _HASH_SEEDS
+                            for a, b in ((rows, cols), (cols, rows))])
+        hit = pattern._mirror[key] = (nb.to(device), pre)
+    return hit
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -77,11 +130,6 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return x ^ (x >> np.uint64(31))
-
-
-def _entry_hash(rows: np.ndarray, cols: np.ndarray, bits: np.ndarray, seed) -> np.ndarray:
-    """A 64-bit hash of each entry ``(row, col, value bits)``, order-sensitive in ``(row, col)``."""
-    return _mix64(_mix64(_mix64(rows ^ seed) + cols) + bits)
 
 
 def symmetry_defect(dA) -> float:
@@ -111,11 +159,12 @@ def _probe_vectors(r0: int, r1: int, dtype: torch.dtype, device: torch.device) -
     return X.to(dtype=dtype, device=device)
 
 
-def looks_symmetric(dA) -> bool:
+def looks_symmetric(dA, sums: Optional[np.ndarray] = None) -> bool:
     """Collective. True on every rank when ``A`` is exactly symmetric (:func:`exactly_symmetric`,
-    the cheap test, first) or its :func:`symmetry_defect` is below ``max(SYMMETRY_RTOL,
-    1000 eps)`` of ``A``'s dtype (symmetric up to rounding). The same decision on every rank:
-    both are made from reduced numbers."""
-    if exactly_symmetric(dA):
+    the cheap test, first; ``sums``: the ranks' :func:`symmetry_sums` already summed by the
+    caller) or its :func:`symmetry_defect` is below ``max(SYMMETRY_RTOL, 1000 eps)`` of ``A``'s
+    dtype (symmetric up to rounding). The same decision on every rank: both are made from
+    reduced numbers."""
+    if exactly_symmetric(dA) if sums is None else symmetric_from_sums(sums):
         return True
     return symmetry_defect(dA) <= max(SYMMETRY_RTOL, 1000 * torch.finfo(dA.dtype).eps)

@@ -3,13 +3,16 @@ preconditioner), then ``dL/db = lam`` and ``dL/dvalues[k] = -lam[row_k] x[col_k]
 from __future__ import annotations
 
 import dataclasses
+import math
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
 from .. import _log
 from .._comm import allreduce_int
 from ..autograd import AdjointFunction, looks_symmetric, matvec_value_grad
+from ..symmetry import SYMMETRY_SUMS, symmetry_sums
 from .reuse import with_reuse
 from .runs import previous_solution, raise_if_failed, remember_solution, solve_columns
 
@@ -54,6 +57,10 @@ class AdjointSolve(AdjointFunction):
         if any(ctx.needs_input_grad[:2]) and getattr(solver, "transpose_is_forward", False) and info.converged \
                 and opts.get("pc_fn") is None and not (info.pc_reuse or {}).get("retried"):
             ctx.forward_system = (b.detach().clone(), None if x0 is None else x0.detach().clone())
+        # the operator Mat as the forward left it: if no solve changes it before the backward,
+        # the adjoint solve needs no comparison of the values with it (see early_sums)
+        stamp = getattr(solver, "operator_stamp", None)
+        ctx.op_stamp = stamp(dA) if stamp is not None else None
         # values saved too: changed in place before the backward they raise (on every rank)
         ctx.save_for_backward(x, values)
         return x
@@ -70,17 +77,41 @@ class AdjointSolve(AdjointFunction):
         return not _same_system(ctx.forward_system, g.contiguous(), l0)
 
     @staticmethod
+    def early_sums(ctx, g) -> np.ndarray:
+        """Local. What the backward needs reduced, summed on the saved-tensor check's Allreduce (the
+        same entries on every rank: they depend on agreed settings only): ``early_flag``; for CG /
+        MINRES the symmetry test's sums (:func:`slasolve.symmetry.symmetry_sums`); for one
+        right-hand side of the petsc backend, whether the operator Mat changed here since the
+        forward and ``g . g`` (unchanged everywhere: the adjoint solve skips comparing the values
+        with the Mat and reducing ``||g||``)."""
+        parts = [np.array([float(AdjointSolve.early_flag(ctx, g))])]
+        if "transpose_solver" in ctx.opts:
+            parts.append(symmetry_sums(ctx.dA))
+        if ctx.op_stamp is not None and g.dim() == 1:
+            gn = g.detach()
+            gn = (gn if gn.dtype == torch.float64 and gn.device.type == "cpu" else
+                  gn.to(device="cpu", dtype=torch.float64)).contiguous().numpy()
+            parts.append(np.array([float(ctx.solver.operator_stamp(ctx.dA) != ctx.op_stamp), float(gn.dot(gn))]))
+        return np.concatenate(parts)
+
+    @staticmethod
     def adjoint(ctx, saved, g):
         x, _ = saved
         if ctx.opts.get("pc_fn") is not None:  # the cached solver may have another callable now
             ctx.solver.set_callable(ctx.opts["pc_fn"])
         kw = {k: v for k, v in ctx.opts.items() if k not in _NOT_SOLVER_KW}
         kw.update(callback=None, record_history=False)
+        sums = ctx.early_sums
+        ctx.early_flag = bool(sums[0])
+        sym = sums[1:1 + SYMMETRY_SUMS] if "transpose_solver" in ctx.opts else None
+        rest = sums[1 + (0 if sym is None else SYMMETRY_SUMS):]
+        # ||g||, when the operator Mat is as the forward left it on every rank
+        known = math.sqrt(rest[1]) if rest.size and not rest[0] else None
         with _log.stage("slaAdjoint"), _log.event("slaAdjoint"), _log.collect() as times:
             solver, warm = ctx.solver, ctx.opts["warm"]
             g = g.contiguous()
             l0 = previous_solution(solver, "lam", g) if warm else None
-            transposed = "transpose_solver" in ctx.opts and not looks_symmetric(ctx.dA)
+            transposed = "transpose_solver" in ctx.opts and not looks_symmetric(ctx.dA, sym)
             if transposed:
                 # CG/MINRES converged on a matrix that is not symmetric (e.g. Dirichlet rows
                 # eliminated on one side only): A^{-1} g would be the wrong adjoint. Solve
@@ -93,8 +124,10 @@ class AdjointSolve(AdjointFunction):
                                            same_as_forward=True)
             else:
                 def run(reuse, s=None, maxiter=None):
-                    s = solver if s is None else s
                     k = kw if maxiter is None else dict(kw, maxiter=maxiter)
+                    if s is None and known is not None and not transposed:   # (not for another solver)
+                        k = dict(k, known_bnorm=known)
+                    s = solver if s is None else s
                     many = getattr(s, "solve_transpose_many", None)
                     return solve_columns(lambda gj, l0j: s.solve_transpose(ctx.dA, gj.contiguous(), x0=l0j,
                                                                       reuse_pc=reuse, **k), g, l0,

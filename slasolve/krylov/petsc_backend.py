@@ -89,7 +89,7 @@ from mpi4py import MPI
 
 from .. import _log
 from .._comm import allreduce_int, check_collective
-from ..petsc import PETSc, option_entries, temporary_options, to_petsc_mat, values_differ
+from ..petsc import PETSc, cached_mat, option_entries, temporary_options, to_petsc_mat, values_differ
 from ..registry import PRECONDITIONERS, krylov_method, petsc_method_name, preconditioner
 from .base import KrylovSolver
 from .info import REASONS, SolveInfo
@@ -158,6 +158,7 @@ _FLOOR_CAP = 1e-5
 # ||A||_inf ||x|| overstates the attainable residual of a badly scaled A (MINRES + Jacobi on a
 # Poisson matrix scaled by 10^+-3 reaches 1e-7 ||b||, its floor is 2.5e-7 ||b||)
 _FLOOR_BELOW = 2.220446049250313e-16 ** 0.5
+_EV_VERIFY, _EV_PCSETUP = _log.event("slaSolveVerify"), _log.event("slaPCSetUp")
 _NEEDS_DIAGONAL = tuple(p.petsc_type for p in PRECONDITIONERS.values() if p.needs_diagonal)
 # preconditioners that read the operator's near-nullspace (hypre's BoomerAMG does not; ML, reached
 # through petsc_options only, does)
@@ -260,6 +261,8 @@ class PetscKrylov(KrylovSolver):
         self._set_up_for: dict = {}     # "main"/"T" -> operator stamp + reuse flag of the last successful set-up
         self._reuse: dict = {}          # "main"/"T" -> the reuse flag PETSc's PC has now
         self._shells: dict = {}         # "b"/"x" -> a Vec of this layout whose array each solve places
+        self._pc_types: dict = {}       # "main"/"T" -> the KSP's PC type (fixed once configured)
+        self._ops: dict = {}            # "main"/"T" -> the operator Mat last given to the KSP (held)
         self.comm = dA.comm
         self.n_global = dA.global_shape[0] * (dA.local.block_shape[0] if dA.local.is_block else 1)
         t0 = time.perf_counter()
@@ -330,13 +333,15 @@ class PetscKrylov(KrylovSolver):
         self.norm = ("preconditioned" if ksp.getNormType() == PETSc.KSP.NormType.PRECONDITIONED
                      and self.pc_type != "none" else "unpreconditioned")
 
-    def _call_set_up(self, ksp, dA, near_nullspace) -> None:
+    def _call_set_up(self, ksp, dA, near_nullspace, op=None, pc_type: Optional[str] = None) -> None:
         """Collective. This call's preconditioner set-up (near-nullspace included); a
-        failed set-up leaves no near-nullspace on the shared Mat."""
+        failed set-up leaves no near-nullspace on the shared Mat. ``op``, ``pc_type``: the
+        KSP's operator Mat and PC type when the caller has them."""
         try:
-            with _log.phase("setup", _log.event("slaPCSetUp")):
-                self._apply_near_nullspace(ksp, near_nullspace)
-                self._set_up(ksp, dA)
+            with _log.phase("setup", _EV_PCSETUP):
+                if near_nullspace is not None or self._nns:
+                    self._apply_near_nullspace(ksp, near_nullspace)
+                self._set_up(ksp, dA, op, pc_type)
         except ValueError:
             _clear_near_nullspace(ksp)
             raise
@@ -372,32 +377,44 @@ class PetscKrylov(KrylovSolver):
 
     def _run(self, ksp, dA, b: torch.Tensor, x0: Optional[torch.Tensor], transpose: bool, *, rtol, atol,
              maxiter, callback, record_history, reuse_pc: bool = False,
-             reset_operators: bool = True, near_nullspace: Optional[torch.Tensor] = None) -> tuple:
+             reset_operators: bool = True, near_nullspace: Optional[torch.Tensor] = None,
+             known_bnorm: Optional[float] = None) -> tuple:
         bb = _cpu64(b)
         bn = bb.numpy()
-        if reset_operators:
+        key = "main" if ksp is self.ksp else "T"
+        pc_type = self._pc_types.get(key)
+        if pc_type is None:
+            pc_type = self._pc_types[key] = ksp.getPC().getType()
+        op = self._ops.get(key) if reset_operators and known_bnorm is not None else None
+        if op is not None:
+            # the caller established collectively that the operator Mat has not changed since this
+            # KSP's last solve (operator_stamp), which refreshed and checked it, and knows ||b||
+            bnorm = float(known_bnorm)
+        elif reset_operators:
             # one reduction: whether any rank's values changed (the Mat is refilled in place
             # then), ||b||^2 (local dot products summed, as PETSc's VecNorm does) and whether a
             # rank's diagonal fails the preconditioner's need (checked here, before the refill,
             # unless the Mat holds these values and they passed; see _set_up)
             differ = values_differ(dA, "aij")
-            key, pc_type = "main" if ksp is self.ksp else "T", ksp.getPC().getType()
             needs = pc_type in _NEEDS_DIAGONAL
             pre = None
             if needs:
-                op = ksp.getOperators()[0]
+                last = self._ops.get(key)    # the operator this KSP was given last (held: handle not reused)
+                if last is None:
+                    last = self._ops[key] = ksp.getOperators()[0]
                 if differ is not False or self._diag_checked.get(key, (None, None))[1] != \
-                        (op.handle, op.stateGet(), pc_type):
+                        (last.handle, last.stateGet(), pc_type):
                     pre = _diagonal_error(dA, pc_type)
-            flags = np.array([float(bool(differ)), float(np.dot(bn, bn)), float(pre is not None)])
+            flags = np.array([float(bool(differ)), float(bn.dot(bn)), float(pre is not None)])
             if self.comm.Get_size() > 1:
                 self.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.SUM)
             if flags[2]:
                 check_collective(self.comm, pre)    # raises on every rank
-            mat = to_petsc_mat(dA, mat_type="aij", changed=bool(flags[0]))
-            ksp.setOperators(mat)
+            op = to_petsc_mat(dA, mat_type="aij", changed=bool(flags[0]))
+            ksp.setOperators(op)
+            self._ops[key] = op
             if needs:   # every rank's diagonal is known good for the Mat as it is now
-                self._diag_checked[key] = (mat, (mat.handle, mat.stateGet(), pc_type))
+                self._diag_checked[key] = (op, (op.handle, op.stateGet(), pc_type))
             bnorm = math.sqrt(flags[1])
         B = self._over("b", bn)
         if not reset_operators:
@@ -415,20 +432,25 @@ class PetscKrylov(KrylovSolver):
             r, a = 0.0, max(r * bnorm * _NORM_SLACK, a)
         max_it = ov.get("max_it", default_maxiter(self.n_global) if maxiter is None else int(maxiter))
         ksp.setTolerances(rtol=r, atol=a, divtol=ov.get("divtol", math.inf), max_it=max_it)
-        x = torch.zeros(b.shape[0], dtype=torch.float64) if x0 is None else \
-            x0.detach().to(device="cpu", dtype=torch.float64).clone()
-        xn = x.numpy()
+        if x0 is None:
+            xn = np.zeros(b.shape[0])
+            x = torch.from_numpy(xn)
+        else:
+            x = x0.detach().to(device="cpu", dtype=torch.float64).clone()
+            xn = x.numpy()
         if max_it == 0:  # PETSc's KSPs still take one step; test the initial guess only (torch backend)
             return self._initial_guess_only(ksp, B, x, b, r, a, bnorm, rtol, atol, record_history, transpose)
-        ksp.setInitialGuessNonzero(x0 is not None or ksp.getType() in _GUESS_STATE)
+        ksp.setInitialGuessNonzero(x0 is not None or self.ksp_type in _GUESS_STATE)
         self._set_reuse(ksp, bool(reuse_pc))
         X = self._over("x", xn)
-        mon = self._watch(ksp, record_history or callback is not None)
-        mon.history = [] if record_history else None
-        mon.callback = callback
+        mon = self._monitor
+        if record_history or callback is not None:
+            mon = self._watch(ksp, True)
+            mon.history = [] if record_history else None
+            mon.callback = callback
         t0 = time.perf_counter()
         try:
-            self._call_set_up(ksp, dA, near_nullspace)
+            self._call_set_up(ksp, dA, near_nullspace, op, pc_type)
         except ValueError:
             B.resetArray(), X.resetArray()
             raise
@@ -448,10 +470,11 @@ class PetscKrylov(KrylovSolver):
                 # "converged" must mean the true residual passes (GMRES + GAMG on a singular,
                 # inconsistent system reported 1e-9 for a true residual of 1). One MatMult.
                 tol = a if absolute else max(r * bnorm, a)
-                with _log.phase("verify", _log.event("slaSolveVerify")):
+                with _log.phase("verify", _EV_VERIFY):
                     reason, its, rnorm, floor = _verify_true_residual(ksp, B, X, transpose, tol, max_it,
                                                                        its, reason, float(bnorm),
-                                                                       work=(self._work("ax"), self._work("r")))
+                                                                       work=(self._work("ax"), self._work("r")),
+                                                                       op=op)
             _sync_solution(X, xn)
             t2 = time.perf_counter()
             history = mon.history
@@ -469,7 +492,7 @@ class PetscKrylov(KrylovSolver):
             x = x.to(device=b.device, dtype=b.dtype)
         return x, info
 
-    def _set_up(self, ksp, dA) -> None:
+    def _set_up(self, ksp, dA, op=None, pc_type: Optional[str] = None) -> None:
         """Collective. Set up the KSP and the preconditioner's local blocks now, and raise on
         every rank if PETSc failed on any. Block-Jacobi/ASM sub-solvers are otherwise set up
         lazily inside ``KSPSolve``, where an error on one rank (ILU of a block with a missing
@@ -482,8 +505,9 @@ class PetscKrylov(KrylovSolver):
         # handle is not reused) -- dA's values were written into it, so they are the same
         checked = self._diag_checked
         key = "main" if ksp is self.ksp else "T"
-        op = ksp.getOperators()[0]
-        stamp = (op.handle, op.stateGet(), ksp.getPC().getType())
+        if op is None:
+            op = ksp.getOperators()[0]
+        stamp = (op.handle, op.stateGet(), ksp.getPC().getType() if pc_type is None else pc_type)
         if self._set_up_for.get(key) == stamp + (self._reuse.get(key),):
             # set up on this operator state and nothing rebuilt since (every rank's state moves
             # only in collective refills, so every rank takes this branch alike): PETSc's set-up
@@ -537,6 +561,13 @@ class PetscKrylov(KrylovSolver):
                          setup_time=setup, solve_time=solve, method=self.method_name,
                          backend="petsc", rtol=rtol, atol=atol,
                          pc="callable" if self.pc_type == "python" else self.pc_type)
+
+    def operator_stamp(self, dA) -> Optional[tuple]:
+        """Local. The identity and PETSc state of the operator Mat cached on ``dA``'s layout (every
+        solve on the layout refreshes that Mat), or None when there is none yet. A solve made on
+        a stamp that is unchanged on every rank may pass ``known_bnorm`` (see :meth:`_run`)."""
+        mat = cached_mat(dA, "aij")
+        return None if mat is None else (mat.handle, mat.stateGet())
 
     def solve(self, dA, b, x0=None, **kw):
         """Collective. Solve ``A x = b`` for one right-hand side ``(n_local,)``.
@@ -805,9 +836,12 @@ class PetscKrylov(KrylovSolver):
 
     def _set_reuse(self, ksp, reuse: bool) -> None:
         """Local. PETSc's ``PCSetReusePreconditioner`` for this call, remembered for the set-up
-        stamp (a set-up that kept the old preconditioner is not one for the current values)."""
-        ksp.getPC().setReusePreconditioner(reuse)
-        self._reuse["main" if ksp is self.ksp else "T"] = reuse
+        stamp (a set-up that kept the old preconditioner is not one for the current values);
+        the flag is only ever set here, so an unchanged one is not set again."""
+        key = "main" if ksp is self.ksp else "T"
+        if self._reuse.get(key) is not reuse:
+            ksp.getPC().setReusePreconditioner(reuse)
+            self._reuse[key] = reuse
 
     def _fresh_pc(self, ksp) -> None:
         """Collective. A new preconditioner implementation of the same type and options
@@ -859,11 +893,11 @@ def _sync_solution(X, xn: np.ndarray) -> None:
     (hypre) swap the array under a Vec created over user memory, leaving the solution in
     PETSc-owned storage."""
     arr = X.getArray(readonly=True)
-    if arr.__array_interface__["data"][0] != xn.__array_interface__["data"][0]:
+    if not np.may_share_memory(arr, xn):   # another buffer (a bounds test: no address dicts made)
         xn[...] = arr
 
 
-def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm, pnorm=None, work=None):
+def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm, pnorm=None, work=None, op=None):
     """Collective. Make "converged" mean ``||b - A x|| <= tol``, whatever PETSc tested (a
     recurrence residual, which can be far off for a singular preconditioned operator; MINRES
     with a preconditioner tests ``||B r||``; options may select ``-ksp_norm_type
@@ -874,9 +908,10 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm,
     and under ``sqrt(eps) ||b||`` is met at that floor when the true residual is also at most
     ``1e-5 ||b||`` (``_FLOOR_CAP``, the default rtol; SciPy's CG reports success there too;
     :attr:`SolveInfo.floor`).
-    ``work``: two Vecs of ``B``'s layout to use for ``A x`` and the residual (else made here).
+    ``work``: two Vecs of ``B``'s layout to use for ``A x`` and the residual (else made here);
+    ``op``: the KSP's operator Mat, when the caller has it.
     Returns ``(reason, iterations, true residual norm, floor accepted at or None)``."""
-    A = ksp.getOperators()[0]
+    A = ksp.getOperators()[0] if op is None else op
     AX, R = (B.duplicate(), B.duplicate()) if work is None else work
     backward = accepted = None
     try:
@@ -918,7 +953,7 @@ def _verify_true_residual(ksp, B, X, transpose, tol, max_it, its, reason, bnorm,
 def _diagonal_error(dA, pc_type: str) -> Optional[ValueError]:
     """Local. The error to raise when ``pc_type`` needs a nonzero diagonal and this rank's rows
     have a zero or missing one (PETSc would fail on this rank only, inside collective set-up)."""
-    if pc_type not in _NEEDS_DIAGONAL or not dA.n_local:
+    if pc_type not in _NEEDS_DIAGONAL or not dA.n_local or dA.diagonal_nonzero():
         return None
     zero = torch.nonzero(dA.diagonal().reshape(-1) == 0)
     if not zero.numel():

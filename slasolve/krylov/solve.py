@@ -8,6 +8,7 @@ solver (and preconditioner), then ``dL/db = lam`` and
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from numbers import Integral, Real
 from typing import Callable, Optional, Tuple, Union
 
@@ -16,7 +17,7 @@ from mpi4py import MPI
 
 from .. import _log
 from ..dsparse import DSparseTensor
-from .._comm import check_collective, options_key, user_code
+from .._comm import agree_digest, check_collective, options_key, user_code
 from ..registry import BACKENDS, KRYLOV_METHODS, default_backend, solve_method, solve_method_names
 from .adjoint import AdjointSolve, forward_solve
 from .info import SolveInfo
@@ -158,26 +159,53 @@ def _validate(A, b, x0, *, method, backend, pc, M, rtol, atol, maxiter, restart,
     if err is None:
         err = operator_error(dA) or rhs_error(dA, b, x0) or near_nullspace_error(dA.n_local, near_nullspace)
     p = M if M is not None else pc
-    settings = SOLVE_SETTINGS.bind(
-        method=method, backend=backend, pc=_pc_key(p), restart=restart, options_prefix=options_prefix,
-        petsc_options=options_key(petsc_options),
+    values = {
+        "method": method, "backend": backend, "pc": _pc_key(p), "restart": restart, "options_prefix": options_prefix,
+        "petsc_options": options_key(petsc_options),
         # GAMG configured to keep its prolongators: a KSP of its own
-        **{"reuse interpolation": check_reuse(reuse_pc) is None and backend == "petsc"
-           and resolve_reuse(reuse_pc, backend, p) == "interpolation"},
-        rtol=float(rtol) if _is_real(rtol) else repr(rtol),
-        atol=float(atol) if _is_real(atol) else repr(atol),
-        maxiter=maxiter, return_info=bool(return_info), raise_on_fail=bool(raise_on_fail),
-        reuse_pc=reuse_pc if isinstance(reuse_pc, (bool, str)) else repr(reuse_pc),
-        dtype=str(b.dtype) if isinstance(b, torch.Tensor) else None,
-        **{"b columns": (b.shape[1] if b.dim() == 2 else None) if isinstance(b, torch.Tensor) else None,
-           "x0 given": x0 if isinstance(x0, str) else x0 is not None,
-           "near_nullspace columns": None if near_nullspace is None else
-           (near_nullspace.shape[-1] if isinstance(near_nullspace, torch.Tensor) else "given"),
-           # a graph on some ranks only would leave those ranks alone in the backward's adjoint
-           "A's values require grad": needs_grad(dA.values if dA is not None else None),
-           "b requires grad": needs_grad(b)})
-    check_collective(comm, err, agree=settings.agree())
+        "reuse interpolation": check_reuse(reuse_pc) is None and backend == "petsc"
+        and resolve_reuse(reuse_pc, backend, p) == "interpolation",
+        # + 0.0: -0.0 and 0.0 are one setting (and one cache key below)
+        "rtol": float(rtol) + 0.0 if _is_real(rtol) else repr(rtol),
+        "atol": float(atol) + 0.0 if _is_real(atol) else repr(atol),
+        "maxiter": maxiter, "return_info": bool(return_info), "raise_on_fail": bool(raise_on_fail),
+        "reuse_pc": reuse_pc if isinstance(reuse_pc, (bool, str)) else repr(reuse_pc),
+        "dtype": str(b.dtype) if isinstance(b, torch.Tensor) else None,
+        "b columns": (b.shape[1] if b.dim() == 2 else None) if isinstance(b, torch.Tensor) else None,
+        "x0 given": x0 if isinstance(x0, str) else x0 is not None,
+        "near_nullspace columns": None if near_nullspace is None else
+        (near_nullspace.shape[-1] if isinstance(near_nullspace, torch.Tensor) else "given"),
+        # a graph on some ranks only would leave those ranks alone in the backward's adjoint
+        "A's values require grad": needs_grad(dA.values if dA is not None else None),
+        "b requires grad": needs_grad(b)}
+    settings, digest = _bind(values)
+    check_collective(comm, err, agree=settings.agree(), digest=digest)
     return dA, settings
+
+
+#: bound settings seen recently: key -> (Settings, digest of the settings every rank must agree on)
+_BOUND: "OrderedDict[tuple, tuple]" = OrderedDict()
+_BOUND_SIZE = 32
+
+
+def _bind(values: dict) -> tuple:
+    """Local. ``(SOLVE_SETTINGS.bind(**values), its agree digest)``, kept for settings seen again
+    (a loop's calls): the digest hashes the settings' ``repr``, so the key holds each value with
+    its type (``1`` and ``1.0``, ``True`` and ``1`` are other settings); unhashable values are
+    bound afresh."""
+    try:
+        key = tuple(values.values()) + tuple(map(type, values.values()))
+        hit = _BOUND.get(key)
+    except TypeError:
+        key = hit = None
+    if hit is None:
+        settings = SOLVE_SETTINGS.bind(**values)
+        hit = (settings, agree_digest(settings.agree()))
+        if key is not None:
+            _BOUND[key] = hit
+            if len(_BOUND) > _BOUND_SIZE:
+                _BOUND.popitem(last=False)
+    return hit
 
 
 def _progress_callback(comm, every: int, user_cb):
