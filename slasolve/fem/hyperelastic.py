@@ -384,13 +384,16 @@ class NeoHookean(NonlinearProblem):
         ``numpy``: as NumPy arrays)."""
         return self._inputs(u, ("mu", mu, self.mu), ("lmbda", lmbda, self.lmbda), numpy=numpy)
 
+    def _kernel_coefs(self, residual, jacobian, params: tuple, errors: bool = False):
+        if not self.simplex or self.block_jacobian:
+            return (None, None) if errors else None
+        return self._np_kernel_coefs(((residual, NeoHookean.residual), (jacobian, NeoHookean.jacobian)), params,
+                                     (("mu", self.mu), ("lmbda", self.lmbda)), errors)
+
     def iterate_kernels(self, residual, jacobian, params: tuple):
         """Local. See :meth:`NonlinearProblem.iterate_kernels`: on simplices with the scalar (AIJ)
         tangent, the NumPy path's formulas (the same operations: the same values)."""
-        if not self.simplex or self.block_jacobian:
-            return None
-        coefs = self._np_kernel_coefs(((residual, NeoHookean.residual), (jacobian, NeoHookean.jacobian)), params,
-                                      (("mu", self.mu), ("lmbda", self.lmbda)))
+        coefs = self._kernel_coefs(residual, jacobian, params)
         if coefs is None:
             return None
         mu, lmbda = coefs

@@ -263,32 +263,66 @@ class NonlinearProblem:
         Decided from the problem, the methods and the parameters' types, the same on every rank."""
         return None
 
+    def start_kernels(self, residual, jacobian, params: tuple, u: torch.Tensor):
+        """Collective. For a nonlinear solver that starts at ``u`` with ``params`` and evaluates there
+        by :meth:`iterate_kernels`' kernels too: ``u`` and the parameters checked in one collective
+        check, as the methods check them (a problem raises on every rank), then ``tangent(v)``: the
+        DSparseTensor the ``jacobian`` method returns with the kernels' tangent values ``v`` (checked
+        by them). After it :meth:`iterate_kernels` answers alike on every rank. None where the
+        kernels do not apply (decided from the methods and the types, alike on every rank; no
+        reduction): then call the methods."""
+        if not (isinstance(u, torch.Tensor) and u.dtype == torch.float64 and u.device.type == "cpu"):
+            return None
+        coefs, err = self._kernel_coefs(residual, jacobian, params, errors=True)
+        if coefs is None and err is None:
+            return None
+        check_collective(self.comm, self._u_error(u, numpy=True) or err)
+        template = self._kernel_template()
+
+        def tangent(v: np.ndarray) -> DSparseTensor:
+            return template._with_checked_values(torch.from_numpy(v))
+        return tangent
+
+    def _kernel_coefs(self, residual, jacobian, params: tuple, errors: bool = False):
+        """Local. The coefficients :meth:`iterate_kernels` makes its kernels with, or None where
+        there are none (:meth:`_np_kernel_coefs`, also for ``errors``); no collective."""
+        return (None, None) if errors else None
+
+    def _kernel_template(self) -> DSparseTensor:
+        """Local. The DSparseTensor whose entries :meth:`iterate_kernels`' tangent values are."""
+        return self._np_template()
+
     def _np_capable(self) -> bool:
         """Local. Whether the space's data are float64 on the CPU (the NumPy path's)."""
         sp = self.space
         return sp.dtype == torch.float64 and sp.device.type == "cpu"
 
-    def _np_kernel_coefs(self, method_pairs, params: tuple, names):
+    def _np_kernel_coefs(self, method_pairs, params: tuple, names, errors: bool = False):
         """Local. The coefficients ``names`` (``(name, default)`` pairs) as NumPy arrays per local cell
         from ``params`` for :meth:`iterate_kernels`, or None when the kernels do not apply: the
         methods are not this object's (``method_pairs``: ``(given, the class's function)``), the data
         are not float64 on the CPU, a coefficient is a callable (it may answer differently per call)
-        or does not convert."""
+        or does not convert. ``errors``: ``(coefficients or None, this rank's problem with a
+        coefficient or None)``, the problem only where the rest (decided from the types, alike on
+        every rank) lets the kernels apply."""
+        none = (None, None) if errors else None
         if not self._np_capable() or len(params) > len(names):
-            return None
+            return none
         for given, func in method_pairs:
             if getattr(given, "__self__", None) is not self or getattr(given, "__func__", None) is not func:
-                return None
-        out = []
-        for (name, default), value in zip(names, tuple(params) + (None,) * (len(names) - len(params))):
+                return none
+        values = tuple(params) + (None,) * (len(names) - len(params))
+        for (name, default), value in zip(names, values):
             v = default if value is None else value
             if callable(v) and not isinstance(v, torch.Tensor):
-                return None
+                return none
+        out = []
+        for (name, default), value in zip(names, values):
             c, err = self._param_local(name, value, default, numpy=True)
             if err is not None:
-                return None
+                return (None, err) if errors else None
             out.append(c)
-        return out
+        return (out, None) if errors else out
 
     def _np_external(self):
         """Local (collective when the data are not plain numbers: see :meth:`external`). The external
@@ -799,13 +833,20 @@ class NonlinearDiffusion(NonlinearProblem):
         t, s, Lu = cls._simplex_terms(ue, L, M)
         return L * (k * s)[:, None, None] + (Lu * (2 * k)[:, None])[:, :, None] * t[:, None, :]
 
+    def _kernel_template(self) -> DSparseTensor:
+        return self.space.template   # as _np_finish_jacobian's (a scalar space with a Dirichlet condition)
+
+    def _kernel_coefs(self, residual, jacobian, params: tuple, errors: bool = False):
+        if not self.simplex or self.bc is None:
+            return (None, None) if errors else None
+        return self._np_kernel_coefs(((residual, NonlinearDiffusion.residual),
+                                      (jacobian, NonlinearDiffusion.jacobian)), params, (("kappa", self.kappa),),
+                                     errors)
+
     def iterate_kernels(self, residual, jacobian, params: tuple):
         """Local. See :meth:`NonlinearProblem.iterate_kernels`: on simplices with a Dirichlet
         condition, the NumPy path's formulas (the same operations: the same values)."""
-        if not self.simplex or self.bc is None:
-            return None
-        coefs = self._np_kernel_coefs(((residual, NonlinearDiffusion.residual),
-                                       (jacobian, NonlinearDiffusion.jacobian)), params, (("kappa", self.kappa),))
+        coefs = self._kernel_coefs(residual, jacobian, params)
         if coefs is None:
             return None
         (k,) = coefs

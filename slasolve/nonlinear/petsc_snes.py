@@ -379,15 +379,18 @@ class _Run(NamedTuple):
 
 
 def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
-              petsc_options, options_prefix, r0, settings, extra, r0_error=None) -> _Run:
+              petsc_options, options_prefix, r0, settings, extra, r0_error=None, start=None) -> _Run:
     """Collective. One SNES solve from ``u0`` with the option entries ``extra`` on top of the
     defaults, on the SNES kept for the Jacobian's layout and these settings (made on a miss).
     ``r0_error``: this rank's problem with ``r0`` (a deferred check), raised on every rank
-    before SNES starts, by the check of the Jacobian at ``u0``."""
+    before SNES starts, by the check of the Jacobian at ``u0``. ``start``: ``(jacobian_at_u0, kernels)``
+    from :meth:`Problem.start_kernels` (``r0`` is its ``F(u0)``), or None."""
     t0 = time.perf_counter()
     comm = prob.comm
     # the Jacobian at u0 (handed to SNES's first Jacobian call) names the layout whose SNES is used
-    if use_jacobian:
+    if start is not None:
+        J0 = start[0]()
+    elif use_jacobian:
         J0 = prob.jacobian(u0, pending=r0_error)   # u0: the tensor F(u0) was evaluated at
     else:
         J0 = None
@@ -417,7 +420,7 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     X.setArray(u0.detach().to(torch.float64).cpu().numpy())
     cb = _Callbacks(prob, u0.dtype, progress, callback, u0.detach(), r0, J0, solver.csr, X, solver)
     if J0 is not None:   # F(u0) and J(u0) passed their checks
-        cb.kernels = prob.iterate_kernels()
+        cb.kernels = prob.iterate_kernels() if start is None else start[1]
     setup = time.perf_counter() - t0
     solver.calls.cb = cb
     ok = False
@@ -526,26 +529,27 @@ def adjoint_solve_kept(kept: KeptTangent, comm, J, g: torch.Tensor, rtol: float,
 
 def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solver, use_jacobian,
                callback, progress, settings, petsc_options=None, options_prefix=None, r0=None,
-               r0_error=None) -> tuple:
+               r0_error=None, start=None) -> tuple:
     """Collective. ``(u, NonlinearInfo, kept)`` from PETSc SNES (``kept``: a :class:`KeptTangent`
     for the backward's :func:`adjoint_solve_kept`, or None when the SNES was made for this call); raises only for errors inside the
     callbacks (collective checks, re-raised on every rank) or a rejected configuration. ``settings``: the call's
     :class:`slasolve.settings.Settings` (agreed by ``nonlinear_solve``), whose key selects the
     kept SNES. ``r0``: ``F(u0)`` from :meth:`Problem.residual_local`, or None with its problem
-    ``r0_error`` on this rank (raised on every rank before SNES starts)."""
+    ``r0_error`` on this rank (raised on every rank before SNES starts); or, with ``start`` (the rest of
+    :meth:`Problem.start_kernels`' answer), the kernels' ``F(u0)``, checked."""
     t0 = time.perf_counter()
     comm = prob.comm
     ls = dict(linear_solver)
     ls.setdefault("rtol", inner_rtol_default(u0.dtype, use_jacobian))
     args = (prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
             petsc_options, options_prefix, r0, settings)
-    out = _snes_run(*args, {}, r0_error=r0_error)
+    out = _snes_run(*args, {}, r0_error=r0_error, start=start)
     if out.reason == "DIVERGED_LINEAR_SOLVE" and out.pc == "gamg" and \
             not PETSc.Options(options_prefix).hasName("pc_gamg_reuse_interpolation") and \
             "pc_gamg_reuse_interpolation" not in option_entries(petsc_options):  # the same on every rank
         if out.drop is not None:   # its prolongators failed: the next call starts afresh
             out.drop()
-        out = _snes_run(*args, _REBUILD_ENTRIES)
+        out = _snes_run(*args, _REBUILD_ENTRIES, start=start)
     u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup, _, kept = out
     # the true residual of the returned u decides "converged": SNES's last evaluation when it
     # was at u on every rank (it is, after a line search step), else one more

@@ -1,0 +1,111 @@
+"""``nonlinear_solve`` on a ``slasolve.fem`` problem's own methods evaluates ``F(u0)`` and ``J(u0)`` by
+the problem's NumPy kernels after one collective check of ``u0`` and the parameters
+(``Problem.start_kernels``): the answers, histories and counts are those of the methods' path, and
+every bad input on one rank still raises on every rank."""
+import math
+
+import pytest
+import torch
+
+import slasolve
+from mpi4py import MPI
+from slasolve.fem import Assembler, DirichletBC, NeoHookean, NonlinearDiffusion, boundary_dofs, box_mesh
+from slasolve.nonlinear import problem as problem_mod
+
+pytestmark = pytest.mark.mpi
+F64 = torch.float64
+LU = dict(method="direct")
+
+
+def _diffusion(comm):
+    sp = Assembler(box_mesh(8, cell="triangle", comm=comm))
+    bd = boundary_dofs(sp)
+    return sp, NonlinearDiffusion(sp, DirichletBC(sp, bd, torch.zeros(len(bd), dtype=F64)), source=10.0)
+
+
+def _solid(comm):
+    sp = Assembler(box_mesh((4, 8), cell="triangle", comm=comm), 2)
+    bd = boundary_dofs(sp, where=lambda x: x[:, 0] < 1e-12)
+    return sp, NeoHookean(sp, DirichletBC(sp, bd, torch.zeros(len(bd), dtype=F64)), mu=1.0, lmbda=1.5,
+                          body_force=torch.tensor([0.0, -0.05], dtype=F64))
+
+
+def _kappa(sp, comm):
+    g = torch.Generator().manual_seed(7 + comm.rank)
+    return 1.0 + 0.5 * torch.rand(sp.mesh.n_local_cells, dtype=F64, generator=g)
+
+
+def _started(monkeypatch):
+    """Records whether ``Problem.start_kernels`` gave the kernels (True) or not (False)."""
+    seen = []
+    real = problem_mod.Problem.start_kernels
+
+    def spy(self, u0):
+        out = real(self, u0)
+        seen.append(out is not None)
+        return out
+    monkeypatch.setattr(problem_mod.Problem, "start_kernels", spy)
+    return seen
+
+
+@pytest.mark.parametrize("which", ["diffusion", "neohookean"])
+def test_same_answers_counts_and_history_as_the_methods(comm, monkeypatch, which):
+    sp, P = (_diffusion if which == "diffusion" else _solid)(comm)
+    params = (_kappa(sp, comm),) if which == "diffusion" else ()
+    extra = {} if which == "diffusion" else dict(objective=P.energy)
+    ref, iref = slasolve.nonlinear_solve(lambda v, *p: P.residual(v, *p), sp.zeros(), *params,
+                                         jacobian=lambda v, *p: P.jacobian(v, *p), rtol=1e-10,
+                                         linear_solver=LU, return_info=True, **extra)
+    seen = _started(monkeypatch)
+    u, info = slasolve.nonlinear_solve(P.residual, sp.zeros(), *params, jacobian=P.jacobian, rtol=1e-10,
+                                       linear_solver=LU, return_info=True, **extra)
+    assert seen and seen[0]
+    assert info.converged and iref.converged
+    assert info.iterations == iref.iterations
+    assert (info.function_evaluations, info.jacobian_evaluations) == \
+        (iref.function_evaluations, iref.jacobian_evaluations)
+    # F(u0) by the kernel is the method's bit for bit (a reference computed here, by the method)
+    with torch.no_grad():
+        r0 = P.residual(sp.zeros(), *params)
+    n0 = math.sqrt(comm.allreduce(float((r0 * r0).sum()), op=MPI.SUM))
+    assert abs(info.residual_history[0] - n0) <= 1e-14 * n0
+    assert info.residual_history[0] == iref.residual_history[0]
+    err = comm.allreduce(float((u - ref).abs().max()) if u.numel() else 0.0, op=MPI.MAX)
+    scale = comm.allreduce(float(ref.abs().max()) if ref.numel() else 0.0, op=MPI.MAX)
+    assert err <= 1e-10 * scale
+
+
+def test_bad_coefficient_on_one_rank_raises_on_every_rank(comm, monkeypatch):
+    sp, P = _diffusion(comm)
+    kappa = _kappa(sp, comm)
+    if comm.rank == comm.size - 1:
+        kappa = kappa[:-1] if kappa.numel() else torch.ones(3, dtype=F64)   # the wrong length
+    seen = _started(monkeypatch)
+    with pytest.raises(Exception):
+        slasolve.nonlinear_solve(P.residual, sp.zeros(), kappa, jacobian=P.jacobian, linear_solver=LU)
+    assert seen == []   # raised by the check inside it, on every rank
+    # the next call solves
+    u = slasolve.nonlinear_solve(P.residual, sp.zeros(), _kappa(sp, comm), jacobian=P.jacobian, rtol=1e-10,
+                                 linear_solver=LU)
+    assert bool(torch.isfinite(u).all())
+
+
+def test_nan_u0_on_one_rank_raises_on_every_rank(comm):
+    sp, P = _diffusion(comm)
+    u0 = sp.zeros()
+    if comm.rank == 0 and u0.numel():
+        u0[0] = math.nan
+    with pytest.raises(ValueError, match="NaN"):
+        slasolve.nonlinear_solve(P.residual, u0, jacobian=P.jacobian, linear_solver=LU)
+
+
+def test_callable_coefficient_takes_the_methods(comm, monkeypatch):
+    sp, P = _diffusion(comm)
+    seen = _started(monkeypatch)
+    u, info = slasolve.nonlinear_solve(P.residual, sp.zeros(), lambda x: 1.0 + x[:, 0], jacobian=P.jacobian,
+                                       rtol=1e-10, linear_solver=LU, return_info=True)
+    assert seen == [False] and info.converged
+    with torch.no_grad():
+        r = P.residual(u, lambda x: 1.0 + x[:, 0])
+    n = math.sqrt(comm.allreduce(float((r * r).sum()), op=MPI.SUM))
+    assert n <= 1e-9 * info.residual_history[0]
