@@ -28,11 +28,13 @@ evaluates ``residual`` (no autograd) and writes ``F``; the Jacobian callback eva
 ``jacobian`` and writes its values into the SNES's own AIJ Mat created from a first
 Jacobian (``fill_petsc_mat``: an O(nnz) copy, no cache whose snapshot could go stale).
 For a :mod:`slasolve.fem` problem's own ``residual`` / ``jacobian`` (float64, CPU) the callbacks
-after those at ``u0`` run the problem's NumPy kernels instead
+run the problem's NumPy kernels instead
 (:meth:`slasolve.fem.NonlinearProblem.iterate_kernels`: the same operations and collectives),
 which write the residual straight into ``F``'s array and the tangent's values into the Mat's
 AIJ arrays, with no torch tensor and no layer of checks per call (81 unknowns: a residual or
-tangent in ~0.4x the methods' time, measured side by side).
+tangent in ~0.4x the methods' time, measured side by side); ``F(u0)`` and ``J(u0)`` too, by
+the kernels after one collective check of ``u0`` and the parameters
+(:meth:`slasolve.fem.NonlinearProblem.start_kernels`, as the methods check them).
 Without a Jacobian, SNES runs matrix-free (``SNESSetUseMF``: PETSc's MFFD ``J v``, no
 preconditioner). Errors raised by slasolve's checks inside a callback are raised on
 every rank (the checks are collective), stop SNES and are re-raised from the solve.
