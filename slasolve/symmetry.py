@@ -76,10 +76,10 @@ def symmetry_sums(dA) -> np.ndarray:
         bits = flat.index_select(0, pos).cpu().numpy()
         if bits.dtype != np.float64:
             bits = bits.astype(np.float64)
-        with np.errstate(over="ignore"):
-            h = _mix64(pre + bits.view(np.uint64)).sum(axis=1)   # h(i, j, v), h(j, i, v) per seed
-            d = np.array([h[0] - h[1], h[2] - h[3]], dtype=np.uint64)
-        out[1:] = ((d[:, None] >> _PIECE_SHIFTS) & np.uint64(0xFFFF)).reshape(-1)
+        # array arithmetic only (uint64 arrays wrap silently; NumPy scalars would warn on overflow)
+        h = _mix64_inplace(pre + bits.view(np.uint64)).sum(axis=1)   # h(i, j, v), h(j, i, v) per seed
+        d = h[0::2] - h[1::2]
+        out[1:] = ((d[:, None] >> _PIECE_SHIFTS) & _PIECE_MASK).reshape(-1)
     return out
 
 
@@ -96,6 +96,7 @@ def symmetric_from_sums(sums: np.ndarray) -> bool:
 
 
 _PIECE_SHIFTS = np.array([0, 16, 32, 48], dtype=np.uint64)
+_PIECE_MASK = np.uint64(0xFFFF)
 
 
 def _interface(pattern, inner, roff: int, br: int, device) -> tuple:
@@ -125,11 +126,27 @@ def _interface(pattern, inner, roff: int, br: int, device) -> tuple:
     return hit
 
 
+_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
 def _mix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser (uint64 arithmetic wraps)."""
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    x = (x ^ (x >> _S30)) * _M1
+    x = (x ^ (x >> _S27)) * _M2
+    return x ^ (x >> _S31)
+
+
+def _mix64_inplace(x: np.ndarray) -> np.ndarray:
+    """:func:`_mix64` of a uint64 array the caller owns, computed in its storage (half the
+    temporaries: the per-solve interface hash is a few hundred entries, where NumPy's per-call
+    cost dominates)."""
+    x ^= x >> _S30
+    x *= _M1
+    x ^= x >> _S27
+    x *= _M2
+    x ^= x >> _S31
+    return x
 
 
 def symmetry_defect(dA) -> float:
