@@ -252,7 +252,7 @@ class NonlinearProblem:
         call ``residual`` / ``jacobian``). ``residual`` and ``jacobian`` must be this object's own
         methods and ``params`` what the solver passes them, after their evaluations at ``u0``
         passed their collective checks; the kernels give what those methods give at the solver's
-        own iterates (:func:`~slasolve.nonlinear.problem.solver_iterate`), with the same
+        own iterates (``slasolve.nonlinear.problem.solver_iterate``), with the same
         collectives and errors (raised on every rank), without the methods' torch tensors:
 
         * ``residual_into(x, out)``: Collective. The owned rows of the residual at the owned dofs
