@@ -4,20 +4,19 @@ test, recomputation counts at the binomial optimum, nonlinear steps, FEM heat eq
 
 Run serially and under mpirun -n 2 / 4 with --with-mpi.
 """
-import functools
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 import torch
 from mpi4py import MPI
 
 import slasolve
 from slasolve.fem import Assembler, box_mesh
 from slasolve.testing import taylor_test
-from slasolve.timestepping import (LinearTimeProblem, NonlinearTimeProblem, integrate, optimal_recomputations,
-                                   scheme)
+from slasolve.timestepping import LinearTimeProblem, NonlinearTimeProblem, integrate, optimal_recomputations
+
+from heat_line import distributed_line, line_matrices, rank_random, scipy_steps, source
 
 pytestmark = pytest.mark.mpi
 
@@ -36,66 +35,42 @@ def needs_schedules():
     pytest.importorskip("checkpoint_schedules")
 
 
-@functools.lru_cache(maxsize=1)
-def matrices():
-    """1-D heat equation: FD stiffness and P1 mass on N_GRID interior points (global SciPy)."""
-    n = N_GRID
-    K = (sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(n, n)) * (n + 1) ** 2).tocsr()
-    M = sp.diags([1 / 6, 2 / 3, 1 / 6], [-1, 0, 1], shape=(n, n)).tocsr()
-    return M, K
 
 
-def distributed():
-    M, K = matrices()
-    dM, dK = slasolve.DSparseTensor.from_global(M, COMM), slasolve.DSparseTensor.from_global(K, COMM)
-    x = torch.linspace(0, 1, N_GRID + 2, dtype=DT)[1:-1]
-    r0, r1 = dK.row_range
-    return dM, dK, x[r0:r1]
 
 
-def source(t, q):
-    return q * (1.0 + t)
 
 
 def problem(method, sch, Kvalues=None):
     """``method``: "direct", "cg" (petsc backend) or "cg-torch" (the native torch backend)."""
-    dM, dK, _ = distributed()
+    dM, dK, _ = distributed_line(COMM)
     K = dK if Kvalues is None else dK.with_values(Kvalues)
     method, _, backend = method.partition("-")
     return LinearTimeProblem(dM, K, source, scheme=sch, method=method, pc="jacobi", rtol=1e-13,
                              backend=backend or None)
 
 
-def rank_random(shape, seed):
-    g = torch.Generator().manual_seed(100 * seed + COMM.rank)
-    return torch.randn(shape, generator=g, dtype=DT)
 
 
 @pytest.mark.parametrize("method", SOLVERS)
 @pytest.mark.parametrize("sch", ["be", "cn", "bdf2", 0.7])
 def test_steps_match_scipy(method, sch):
-    dM, dK, x = distributed()
+    dM, dK, x = distributed_line(COMM)
     P = problem(method, sch)
     q, u0 = torch.sin(3 * x), torch.cos(2 * x)
     dt, N = 0.01, 6
     uN = integrate(P, u0, q, dt=dt, n_steps=N)
-    M, K = matrices()
+    M, K = line_matrices()
     xg = np.linspace(0, 1, N_GRID + 2)[1:-1]
-    S = scheme(sch)
-    us = [np.cos(2 * xg)] * S.history
-    for m in range(N):
-        a, b = S.coefficients(m)
-        rhs = sum(-(a[j] * M + dt * b[j] * K) @ us[j - 1] for j in range(1, len(a)))
-        rhs = rhs + dt * sum(b[j] * np.sin(3 * xg) * (1 + (m + 1 - j) * dt) for j in range(len(b)))
-        us = [spla.spsolve((a[0] * M + dt * b[0] * K).tocsc(), rhs)] + us[:-1]
+    ref = scipy_steps(M, K, sch, dt, N, np.cos(2 * xg), np.sin(3 * xg))
     got = dK.gather(uN, root=None).numpy()
-    assert np.abs(got - us[0]).max() <= 1e-10 * np.abs(us[0]).max()
+    assert np.abs(got - ref).max() <= 1e-10 * np.abs(ref).max()
 
 
 @pytest.mark.parametrize("sch,order", [("be", 1), ("cn", 2), ("bdf2", 2)])
 def test_convergence_order_against_exact_decay(sch, order):
     """u0 = sin(pi x) is a generalized eigenvector, K v = lam M v: u(t) = exp(-lam t) v."""
-    dM, dK, x = distributed()
+    dM, dK, x = distributed_line(COMM)
     n, h = N_GRID, 1.0 / (N_GRID + 1)
     lam = (2 - 2 * np.cos(np.pi * h)) / h ** 2 / ((4 + 2 * np.cos(np.pi * h)) / 6)
     v = torch.sin(np.pi * x)
@@ -114,7 +89,7 @@ def test_convergence_order_against_exact_decay(sch, order):
                                             COMM.size > 2, reason="test-time budget: 1 and 2 ranks"))])
 def test_checkpointed_gradient_equals_full_storage_fd_and_taylor(method, sch):
     needs_schedules()
-    dM, dK, x = distributed()
+    dM, dK, x = distributed_line(COMM)
     u0, q, Kv = torch.cos(2 * x), torch.sin(3 * x), dK.values.clone()
     dt, N = 0.01, 8
 
@@ -134,7 +109,7 @@ def test_checkpointed_gradient_equals_full_storage_fd_and_taylor(method, sch):
     for key, g in grads.items():
         assert float(allsum((g - full).abs().max())) <= 1e-12 * scale, key
     # finite differences along one direction (central, h^2 error ~1e-9 relative)
-    d = [rank_random(u0.shape, 1), rank_random(q.shape, 2), 10 * rank_random(Kv.shape, 3)]
+    d = [rank_random(u0.shape, 1, COMM), rank_random(q.shape, 2, COMM), 10 * rank_random(Kv.shape, 3, COMM)]
     h = 1e-5
     with torch.no_grad():
         fd = (loss(*[t + h * e for t, e in zip((u0, q, Kv), d)], checkpoints=5)
@@ -164,7 +139,7 @@ def test_recomputations_are_the_binomial_optimum():
     F = _optimal_by_dp(60, 6)
     for n, s in [(7, 2), (30, 3), (60, 5)]:
         assert optimal_recomputations(n, s) == F[n, s - 1]
-    dM, dK, x = distributed()
+    dM, dK, x = distributed_line(COMM)
     # K's values require grad: the adjoint reads the states (without, it stores none: test_state_free_adjoint)
     P = LinearTimeProblem(dM, dK.with_values(dK.values.clone().requires_grad_(True)), scheme="be", method="cg",
                           rtol=1e-12)
@@ -199,7 +174,7 @@ def test_nonlinear_steps():
     nonlinear_solve, gradients with checkpointing equal to full storage, the Taylor test, and
     the Jacobian-free variant (its adjoint re-solves each step) giving the same gradient."""
     needs_schedules()
-    dM, dK, x = distributed()
+    dM, dK, x = distributed_line(COMM)
     dt, N = 0.01, 4
     mask, rows = _diag_mask(dK)
 
@@ -238,7 +213,7 @@ def test_nonlinear_steps():
     if free:
         assert float(allsum((grads[0] - grads[2]).abs().max())) <= 1e-7 * scale
     assert taylor_test(lambda a, b: loss(P, a, b, checkpoints=2), [u0, q],
-                       [rank_random(u0.shape, 4), rank_random(q.shape, 5)], steps=3).rate > 1.9
+                       [rank_random(u0.shape, 4, COMM), rank_random(q.shape, 5, COMM)], steps=3).rate > 1.9
 
 
 def test_fem_heat_conductivity_gradient():
@@ -258,11 +233,11 @@ def test_fem_heat_conductivity_gradient():
         u = integrate(P, u0, dt=0.02, n_steps=15, checkpoints=4)
         return allsum((w * u).sum() + (u * u).sum())
 
-    assert taylor_test(J, [kappa, u0], [0.3 * rank_random(kappa.shape, 6), rank_random(u0.shape, 7)]).rate > 1.9
+    assert taylor_test(J, [kappa, u0], [0.3 * rank_random(kappa.shape, 6, COMM), rank_random(u0.shape, 7, COMM)]).rate > 1.9
 
 
 def test_bad_arguments_raise_on_every_rank():
-    dM, dK, x = distributed()
+    dM, dK, x = distributed_line(COMM)
     P = LinearTimeProblem(dM, dK, method="cg")
     with pytest.raises(ValueError, match="dt"):
         integrate(P, torch.zeros_like(x), dt=-1.0 if COMM.rank == 0 else 0.1, n_steps=3)
@@ -288,7 +263,7 @@ def test_nonfinite_source_raises_on_every_rank(checkpoints):
     at one step raises ValueError on every rank at the end of the forward sweep, never a
     result (full storage and checkpointed)."""
     needs_schedules()
-    dM, dK, x = distributed()
+    dM, dK, x = distributed_line(COMM)
 
     def src(t, q):
         bad = COMM.rank == COMM.size - 1 and abs(t - 0.03) < 1e-12
@@ -307,7 +282,7 @@ def test_state_free_adjoint(method, sch):
     whatever checkpoints asks for; the gradients of u0 and the source equal those of the
     checkpointed schedule (run when K's values require grad) to 1e-12."""
     needs_schedules()
-    dM, dK, x = distributed()
+    dM, dK, x = distributed_line(COMM)
     n = 16
     grads, infos = {}, {}
     for kind in ("free", "schedule"):

@@ -25,7 +25,6 @@ import os
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 import torch
 from mpi4py import MPI
 
@@ -33,11 +32,12 @@ import slasolve
 from slasolve.testing import taylor_test
 from slasolve.timestepping import LinearTimeProblem, integrate
 
+from heat_line import distributed_line, rank_random
+
 pytestmark = pytest.mark.mpi
 
 COMM = MPI.COMM_WORLD
 DT = torch.float64
-N_GRID = 12
 # T = N dt stays 0.1 (the slowest mode decays by e^-1): the loss depends on every input at every length
 T_END = 0.1
 
@@ -46,19 +46,8 @@ def allsum(t):
     return slasolve.global_sum(t, COMM)
 
 
-def rank_random(shape, seed):
-    g = torch.Generator().manual_seed(100 * seed + COMM.rank)
-    return torch.randn(shape, generator=g, dtype=DT)
 
 
-def setup():
-    n = N_GRID
-    K = (sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(n, n)) * (n + 1) ** 2).tocsr()
-    M = sp.diags([1 / 6, 2 / 3, 1 / 6], [-1, 0, 1], shape=(n, n)).tocsr()
-    dM, dK = slasolve.DSparseTensor.from_global(M, COMM), slasolve.DSparseTensor.from_global(K, COMM)
-    r0, r1 = dK.row_range
-    x = torch.linspace(0, 1, n + 2, dtype=DT)[1:-1][r0:r1]
-    return dM, dK, x
 
 
 LONG = os.environ.get("SLASOLVE_LONG_TESTS") == "1"
@@ -85,7 +74,7 @@ def full_and_checkpointed(loss, params):
 @pytest.mark.parametrize("method", [pytest.param("direct", marks=pytest.mark.petsc), "cg-torch"])
 def test_long_trajectory_gradient(method, n_steps):
     pytest.importorskip("checkpoint_schedules")
-    dM, dK, x = setup()
+    dM, dK, x = distributed_line(COMM)
     solver, _, backend = method.partition("-")
     dt = T_END / n_steps
     u0, q, Kv = torch.cos(2 * x), torch.sin(3 * x), dK.values.clone()
@@ -99,7 +88,7 @@ def test_long_trajectory_gradient(method, n_steps):
     full, ck = full_and_checkpointed(loss, (u0, q, Kv))
     # central difference along a random direction: h^2 truncation ~1e-10, rounding ~1e-16 |J| / h
     # (the CG tolerance 1e-13 adds ~1e-13 |J| / h): far below the 1e-6 asked
-    d = [rank_random(u0.shape, 1), rank_random(q.shape, 2), 10 * rank_random(Kv.shape, 3)]
+    d = [rank_random(u0.shape, 1, COMM), rank_random(q.shape, 2, COMM), 10 * rank_random(Kv.shape, 3, COMM)]
     h = 1e-5
     with torch.no_grad():
         fd = (loss(*[t + h * e for t, e in zip((u0, q, Kv), d)])
@@ -126,7 +115,7 @@ def test_thousand_steps_checkpointed_equals_full_storage_and_taylor():
     in the test above with SLASOLVE_LONG_TESTS=1)."""
     pytest.importorskip("checkpoint_schedules")
     n_steps = 1000
-    dM, dK, x = setup()
+    dM, dK, x = distributed_line(COMM)
     dt = T_END / n_steps
     u0, q, Kv = torch.cos(2 * x), torch.sin(3 * x), dK.values.clone()
 
@@ -137,7 +126,7 @@ def test_thousand_steps_checkpointed_equals_full_storage_and_taylor():
         return allsum((end ** 2).sum() + (mid * x).sum())
 
     full, ck = full_and_checkpointed(loss, (u0, q, Kv))
-    d = [rank_random(u0.shape, 1), rank_random(q.shape, 2), 10 * rank_random(Kv.shape, 3)]
+    d = [rank_random(u0.shape, 1, COMM), rank_random(q.shape, 2, COMM), 10 * rank_random(Kv.shape, 3, COMM)]
     n0, nq = u0.shape[0], q.shape[0]
     dJdm = float(allsum((ck[:n0] * d[0]).sum() + (ck[n0:n0 + nq] * d[1]).sum() + (ck[n0 + nq:] * d[2]).sum()))
     r = taylor_test(loss, [u0, q, Kv], d, dJdm=dJdm, steps=2)

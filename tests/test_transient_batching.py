@@ -9,38 +9,27 @@ rank at one time level, in the forward sweep or only in the adjoint, raises on e
 Run serially and under mpirun -n 2 / 4 with --with-mpi.
 """
 import pytest
-import scipy.sparse as sp
 import torch
 from mpi4py import MPI
 
 import slasolve
-from slasolve.testing import taylor_test
 from slasolve.timestepping import LinearTimeProblem, integrate
 from slasolve.timestepping import linear as tlinear
+
+from heat_line import check_fd_and_taylor, distributed_line, rank_random
 
 pytestmark = pytest.mark.mpi
 
 COMM = MPI.COMM_WORLD
 DT = torch.float64
-N_GRID = 12
 
 
 def allsum(t):
     return slasolve.global_sum(t, COMM)
 
 
-def setup():
-    n = N_GRID
-    K = (sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(n, n)) * (n + 1) ** 2).tocsr()
-    M = sp.diags([1 / 6, 2 / 3, 1 / 6], [-1, 0, 1], shape=(n, n)).tocsr()
-    dM, dK = slasolve.DSparseTensor.from_global(M, COMM), slasolve.DSparseTensor.from_global(K, COMM)
-    r0, r1 = dK.row_range
-    return dM, dK, torch.linspace(0, 1, n + 2, dtype=DT)[1:-1][r0:r1]
 
 
-def rank_random(shape, seed):
-    g = torch.Generator().manual_seed(100 * seed + COMM.rank)
-    return torch.randn(shape, generator=g, dtype=DT)
 
 
 @pytest.mark.parametrize("sch", ["cn", "bdf2", 0.7])
@@ -51,7 +40,7 @@ def test_batched_adjoint_gradient_fd_and_taylor(monkeypatch, sch, batch, entries
     central finite differences and pass the Taylor test."""
     monkeypatch.setattr(tlinear, "ADJOINT_BATCH", batch)
     monkeypatch.setattr(tlinear, "VALUE_GRAD_ENTRIES", entries)
-    dM, dK, x = setup()
+    dM, dK, x = distributed_line(COMM)
     N, dt = 23, 0.004
     u0, q, a = torch.cos(2 * x), torch.sin(3 * x), torch.tensor([0.7, -0.4], dtype=DT)
     Mv, Kv = dM.values.clone(), dK.values.clone()
@@ -70,15 +59,10 @@ def test_batched_adjoint_gradient_fd_and_taylor(monkeypatch, sch, batch, entries
     loss(*leaves).backward()
     grads = [t.grad for t in leaves]
     # a is a parameter every rank uses identically: its gradient is this rank's share
-    d = [rank_random(u0.shape, 1), rank_random(q.shape, 2), torch.tensor([0.3, -0.8], dtype=DT),
-         0.1 * rank_random(Mv.shape, 4), 10 * rank_random(Kv.shape, 5)]
+    d = [rank_random(u0.shape, 1, COMM), rank_random(q.shape, 2, COMM), torch.tensor([0.3, -0.8], dtype=DT),
+         0.1 * rank_random(Mv.shape, 4, COMM), 10 * rank_random(Kv.shape, 5, COMM)]
     ad = float(allsum(sum((g * e).sum() for g, e in zip(grads, d))))
-    h = 1e-5
-    with torch.no_grad():
-        fd = float(loss(*[t + h * e for t, e in zip(m, d)]) - loss(*[t - h * e for t, e in zip(m, d)])) / (2 * h)
-    assert abs(ad - fd) <= 1e-7 * abs(ad), (ad, fd)
-    r = taylor_test(loss, list(m), d, dJdm=ad, steps=3)
-    assert r.rate > 1.9
+    check_fd_and_taylor(loss, m, d, ad)
 
 
 @pytest.mark.parametrize("when", ["forward", "adjoint"])
@@ -86,7 +70,7 @@ def test_batched_adjoint_gradient_fd_and_taylor(monkeypatch, sch, batch, entries
 def test_source_error_on_one_rank_raises_on_every_rank(when, method):
     """The source raising on the last rank at one time level (in the forward sweep, or only when
     the adjoint differentiates it) raises the same exception type on every rank."""
-    dM, dK, x = setup()
+    dM, dK, x = distributed_line(COMM)
     solver, _, backend = method.partition("-")
 
     def src(t, q):
@@ -111,7 +95,7 @@ def test_source_error_on_one_rank_raises_on_every_rank(when, method):
 def test_source_returning_its_own_buffer():
     """A source that overwrites and returns one buffer at every call gives the trajectory and
     gradient of one that returns fresh tensors (the forward keeps f(t_m) for the next step)."""
-    dM, dK, x = setup()
+    dM, dK, x = distributed_line(COMM)
     buf = torch.empty_like(x)
 
     def fresh(t, q):

@@ -8,14 +8,13 @@ Run serially and under mpirun -n 2 / 4 with --with-mpi.
 """
 import numpy as np
 import pytest
-import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 import torch
 from mpi4py import MPI
 
 import slasolve
-from slasolve.testing import taylor_test
-from slasolve.timestepping import LinearTimeProblem, integrate, scheme
+from slasolve.timestepping import LinearTimeProblem, integrate
+
+from heat_line import check_fd_and_taylor, distributed_line, line_matrices, rank_random, scipy_steps
 
 pytestmark = pytest.mark.mpi
 
@@ -28,44 +27,24 @@ def allsum(t):
     return slasolve.global_sum(t, COMM)
 
 
-def rank_random(shape, seed):
-    g = torch.Generator().manual_seed(100 * seed + COMM.rank)
-    return torch.randn(shape, generator=g, dtype=DT)
 
 
-def matrices(convection: float):
-    n = N_GRID
-    K = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(n, n)) * (n + 1) ** 2
-    K = (K + convection * (n + 1) * sp.diags([-1.0, 1.0], [-1, 1], shape=(n, n))).tocsr()
-    M = sp.diags([1 / 6, 2 / 3, 1 / 6], [-1, 0, 1], shape=(n, n)).tocsr()
-    return M, K
 
 
-def distributed(convection: float):
-    M, K = matrices(convection)
-    dM, dK = slasolve.DSparseTensor.from_global(M, COMM), slasolve.DSparseTensor.from_global(K, COMM)
-    r0, r1 = dK.row_range
-    return dM, dK, torch.linspace(0, 1, N_GRID + 2, dtype=DT)[1:-1][r0:r1]
 
 
 @pytest.mark.parametrize("convection", [0.0, 3.0])
 @pytest.mark.parametrize("sch", ["cn", "bdf2", 0.7])
 def test_steps_match_scipy(sch, convection):
-    dM, dK, x = distributed(convection)
+    dM, dK, x = distributed_line(COMM, N_GRID, convection)
     P = LinearTimeProblem(dM, dK, lambda t, q: q * (1.0 + t), scheme=sch, method="direct", backend="scipy")
     dt, N = 0.01, 7
     uN = integrate(P, torch.cos(2 * x), torch.sin(3 * x), dt=dt, n_steps=N)
-    M, K = matrices(convection)
+    M, K = line_matrices(N_GRID, convection)
     xg = np.linspace(0, 1, N_GRID + 2)[1:-1]
-    S = scheme(sch)
-    us = [np.cos(2 * xg)] * S.history
-    for m in range(N):
-        a, b = S.coefficients(m)
-        rhs = sum(-(a[j] * M + dt * b[j] * K) @ us[j - 1] for j in range(1, len(a)))
-        rhs = rhs + dt * sum(b[j] * np.sin(3 * xg) * (1 + (m + 1 - j) * dt) for j in range(len(b)))
-        us = [spla.spsolve((a[0] * M + dt * b[0] * K).tocsc(), rhs)] + us[:-1]
+    ref = scipy_steps(M, K, sch, dt, N, np.cos(2 * xg), np.sin(3 * xg))
     got = dK.gather(uN, root=None).numpy()
-    assert np.abs(got - us[0]).max() <= 1e-12 * np.abs(us[0]).max()
+    assert np.abs(got - ref).max() <= 1e-12 * np.abs(ref).max()
 
 
 @pytest.mark.parametrize("convection", [0.0, 3.0])
@@ -73,7 +52,7 @@ def test_steps_match_scipy(sch, convection):
 def test_gradients_fd_taylor_and_mumps(sch, convection):
     """Gradients of u0, the source and M's and K's values with 3 snapshots: central finite
     differences, the Taylor test, and (several ranks) the distributed MUMPS path's gradient."""
-    dM, dK, x = distributed(convection)
+    dM, dK, x = distributed_line(COMM, N_GRID, convection)
     u0, q, Mv, Kv = torch.cos(2 * x), torch.sin(3 * x), dM.values.clone(), dK.values.clone()
     N, dt = 17, 0.005
 
@@ -93,13 +72,8 @@ def test_gradients_fd_taylor_and_mumps(sch, convection):
     if "petsc" in grads:
         scale = float(allsum(g.abs().max()))
         assert float(allsum((grads["petsc"] - g).abs().max())) <= 1e-10 * scale
-    d = [rank_random(u0.shape, 1), rank_random(q.shape, 2), 0.1 * rank_random(Mv.shape, 3),
-         10 * rank_random(Kv.shape, 4)]
+    d = [rank_random(u0.shape, 1, COMM), rank_random(q.shape, 2, COMM), 0.1 * rank_random(Mv.shape, 3, COMM),
+         10 * rank_random(Kv.shape, 4, COMM)]
     dd = torch.cat(d)
     ad = float(allsum((g * dd).sum()))
-    h = 1e-5
-    with torch.no_grad():
-        fd = float(loss(*[t + h * e for t, e in zip(m, d)]) - loss(*[t - h * e for t, e in zip(m, d)])) / (2 * h)
-    assert abs(ad - fd) <= 1e-7 * abs(ad), (ad, fd)
-    r = taylor_test(loss, list(m), d, dJdm=ad, steps=3)
-    assert r.rate > 1.9
+    check_fd_and_taylor(loss, m, d, ad)
