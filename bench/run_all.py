@@ -905,7 +905,7 @@ ratios, not times, with earlier sessions.
   `backend="scipy"` on several ranks (raised before) gathers M, K and the step matrix once onto every rank and
   factorises them with SuperLU (a small-problem mode, documented as such: every rank holds the whole matrix);
   the 1000-step gradient check (5 snapshots equal to full storage to 1e-12, Taylor rate >= 1.9) runs in the
-  default suite at 2 ranks with it (4 s quiet; MUMPS makes ~93 collectives per solve at 2 ranks).
+  default suite at 2 ranks with it (4.2 s in one run here, load ~5; MUMPS makes ~93 collectives per solve at 2 ranks).
 """
 
 
