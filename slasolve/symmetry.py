@@ -17,6 +17,7 @@ import torch
 from mpi4py import MPI
 
 from ._comm import allreduce_sum
+from ._hashing import mix64 as _mix64, mix64_inplace as _mix64_inplace
 
 __all__ = ["exactly_symmetric", "symmetry_defect", "looks_symmetric", "SYMMETRY_RTOL", "SYMMETRY_SUMS",
            "symmetry_sums", "symmetric_from_sums"]
@@ -124,29 +125,6 @@ def _interface(pattern, inner, roff: int, br: int, device) -> tuple:
                             for a, b in ((rows, cols), (cols, rows))])
         hit = pattern._mirror[key] = (nb.to(device), pre)
     return hit
-
-
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser (uint64 arithmetic wraps)."""
-    x = (x ^ (x >> _S30)) * _M1
-    x = (x ^ (x >> _S27)) * _M2
-    return x ^ (x >> _S31)
-
-
-def _mix64_inplace(x: np.ndarray) -> np.ndarray:
-    """:func:`_mix64` of a uint64 array the caller owns, computed in its storage (half the
-    temporaries: the per-solve interface hash is a few hundred entries, where NumPy's per-call
-    cost dominates)."""
-    x ^= x >> _S30
-    x *= _M1
-    x ^= x >> _S27
-    x *= _M2
-    x ^= x >> _S31
-    return x
 
 
 def symmetry_defect(dA) -> float:

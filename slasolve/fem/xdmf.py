@@ -43,6 +43,7 @@ import torch
 from mpi4py import MPI
 
 from .._comm import check_collective, get_comm, settings_digest
+from .._hashing import mix64
 from .cells import CELL_DIM, CELL_FACETS, CELL_VERTICES
 from .mesh import Mesh, _balanced_split, _np, _meshio_arrays, register_mesh_reader
 
@@ -277,11 +278,7 @@ def _numbering_digest(comm: Optional[MPI.Comm], cell_ids: np.ndarray, cells: np.
     the cell id; the per-cell hashes summed modulo 2**64)."""
     u = np.uint64
 
-    def mix(x):     # the splitmix64 finaliser
-        x = (x ^ (x >> u(30))) * u(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> u(27))) * u(0x94D049BB133111EB)
-        return x ^ (x >> u(31))
-
+    mix = mix64
     c = np.asarray(cells, np.int64).astype(u)
     h = mix(np.asarray(cell_ids, np.int64).astype(u) + u(0x9E3779B97F4A7C15))
     for col in (c.min(axis=1), c.max(axis=1), c.sum(axis=1), (c * c).sum(axis=1)):

@@ -9,9 +9,13 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
+from .._hashing import mix64
 from ..collectives import AllgatherRows, ReplicatedInput
 
 __all__ = ["local_slice", "replicate", "global_offsets", "normal_by_id"]
+
+#: SplitMix64's increment (its generator adds it before mixing)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def local_slice(x_global: torch.Tensor, start: int, end: int, comm) -> torch.Tensor:
@@ -29,14 +33,6 @@ def global_offsets(comm, n_local: int) -> Sequence[int]:
     """Collective. Ownership offsets from the local sizes."""
     counts = comm.allgather(int(n_local))
     return np.concatenate([[0], np.cumsum(counts)]).astype(int).tolist()
-
-
-def _splitmix64(z: np.ndarray) -> np.ndarray:
-    """Local. SplitMix64's output function (Steele, Lea, Flood 2014) on uint64 arrays."""
-    z = z + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 def normal_by_id(ids: Union[np.ndarray, torch.Tensor, Sequence[int]], seed: int = 0, stream: int = 0
@@ -67,6 +63,6 @@ def normal_by_id(ids: Union[np.ndarray, torch.Tensor, Sequence[int]], seed: int 
     with np.errstate(over="ignore"):
         key = (ids.astype(np.uint64) * np.uint64(8) + np.uint64(2 * int(stream))) \
             ^ (np.uint64(int(seed)) * np.uint64(0xD1B54A32D192ED03))
-        u1 = (_splitmix64(key) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
-        u2 = (_splitmix64(key + np.uint64(1)) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+        u1 = (mix64(key + _GOLDEN) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+        u2 = (mix64(key + np.uint64(1) + _GOLDEN) >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
     return torch.from_numpy(np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2.0 * math.pi * u2))
