@@ -17,7 +17,11 @@ Values do not change between calls (no preconditioner set-up), except where said
   symmetric).
 * ``nonlinear_solve``: ``-div((1 + u^2) grad u) = 10`` with ``NonlinearDiffusion`` +
   ``nonlinear_solve`` (GMRES + GAMG; 4 Newton steps) against DOLFINx ``NewtonSolver.solve``
-  (its residual and Jacobian assembly included, as slasolve's).
+  (its residual and Jacobian assembly included, as slasolve's) and against a raw petsc4py SNES
+  (newtonls + bt, GMRES + GAMG, made once) whose callbacks run the same NumPy kernels
+  (``NonlinearProblem.iterate_kernels``) straight into PETSc's arrays: ``sla/raw`` is then
+  ``nonlinear_solve``'s own cost outside SNES's (checks, settings, the evaluations at ``u0``, the
+  final residual check).
 
 Calls alternate; each sample is the mean of ``--inner`` calls, the table shows the median
 over ``--trials`` samples (slowest rank) in microseconds and the ratio.
@@ -68,7 +72,57 @@ def slasolve_calls(n: int, comm):
         return slasolve.nonlinear_solve(P.residual, u0, jacobian=P.jacobian, rtol=1e-10,
                                         linear_solver=dict(method="gmres", pc="gamg", rtol=1e-10))
 
-    return K, f, {"solve": solve, "solve + backward": solve_backward, "nonlinear_solve": newton}
+    return K, f, {"solve": solve, "solve + backward": solve_backward, "nonlinear_solve": newton}, (P, u0)
+
+
+def raw_snes(P, u0, comm):
+    """Collective. A raw petsc4py SNES made once (newtonls + bt, GMRES + GAMG as ``nonlinear_solve``
+    configures them) whose callbacks run the same NumPy kernels ``nonlinear_solve``'s do
+    (``NonlinearProblem.iterate_kernels``), writing straight into PETSc's arrays: SNES's own cost,
+    the floor of ``nonlinear_solve``'s."""
+    from slasolve.petsc import create_petsc_mat
+    residual_into, tangent_values = P.iterate_kernels(P.residual, P.jacobian, ())
+    J0 = P.jacobian(u0)
+    A = create_petsc_mat(J0, "aij")
+    indptr = J0.local.indptr.numpy().astype(PETSc.IntType)
+    indices = J0.local.indices.numpy().astype(PETSc.IntType)
+    X = PETSc.Vec().createMPI((u0.shape[0], PETSc.DECIDE), comm=comm)
+    F = X.duplicate()
+
+    def function(snes, x, f):
+        out = f.getArray()
+        residual_into(x.getArray(readonly=True).copy(), out)
+        del out
+
+    def jacobian(snes, x, J, Pm):
+        Pm.setValuesCSR(indptr, indices, tangent_values(x.getArray(readonly=True).copy()),
+                        PETSc.InsertMode.INSERT_VALUES)
+        Pm.assemble()
+
+    snes = PETSc.SNES().create(comm=comm)
+    snes.setType("newtonls")
+    snes.setFunction(function, F)
+    snes.setJacobian(jacobian, A)
+    snes.setTolerances(rtol=1e-10, atol=0.0, stol=0.0, max_it=50)
+    snes.setMaxFunctionEvaluations(-1)
+    ksp = snes.getKSP()
+    ksp.setType("gmres")
+    ksp.setPCSide(PETSc.PC.Side.RIGHT)
+    ksp.setNormType(PETSc.KSP.NormType.UNPRECONDITIONED)
+    ksp.getPC().setType("gamg")
+    ksp.setTolerances(rtol=1e-10, atol=0.0, divtol=1e300, max_it=10000)
+    opts = PETSc.Options()
+    opts["snes_linesearch_type"] = "bt"
+    snes.setFromOptions()
+    opts.delValue("snes_linesearch_type")
+    u0n = u0.numpy()
+
+    def newton():
+        X.setArray(u0n)
+        snes.solve(None, X)
+        assert snes.getConvergedReason() > 0
+
+    return newton, (snes, A, X, F)
 
 
 def raw_calls(K, f, comm):
@@ -158,8 +212,9 @@ def main(argv=None):
                    help="only these rows (e.g. nonlinear_solve); default: all")
     args = p.parse_args(argv)
     trials = args.trials or (5 if args.quick else 15)
-    K, f, sla = slasolve_calls(args.n, COMM)
+    K, f, sla, (P, u0) = slasolve_calls(args.n, COMM)
     raw, _keep = raw_calls(K, f, COMM)
+    raw["nonlinear_solve"], _keep_snes = raw_snes(P, u0, COMM)
     dfx = dolfinx_calls(args.n, COMM)
     out = {"n": args.n, "unknowns": K.global_shape[0], "ranks": SIZE, "rows": []}
     rprint(f"fixed cost per call, {K.global_shape[0]} unknowns, {SIZE} rank(s), median of {trials} x "
