@@ -40,8 +40,10 @@ preconditioner). Errors raised by slasolve's checks inside a callback are raised
 every rank (the checks are collective), stop SNES and are re-raised from the solve.
 
 "Converged" is re-checked at exit: the reported ``residual_norm`` is ``||F(u)||`` of the
-returned ``u`` (SNES's last residual evaluation when it was at ``u`` on every rank, as after a
-line-search step; else one more evaluation); a converged SNES reason whose
+returned ``u`` (SNES's own norm of its function Vec where ``newtonls`` with ``bt`` / ``basic``
+left ``F(u)`` there at its last monitor call and nothing changed since, which PETSc keeps cached:
+no reduction; else SNES's last residual evaluation when it was at ``u`` on every rank; else one
+more evaluation); a converged SNES reason whose
 residual fails ``max(rtol ||F(u0)||, atol)`` (``CONVERGED_ITS`` of ``-snes_type ksponly`` on a
 nonlinear problem) becomes ``DIVERGED_MAX_IT``, one that passes is named by the residual
 test (``CONVERGED_FNORM_RELATIVE`` / ``_ABS``).
@@ -163,6 +165,9 @@ class _Callbacks:
         # and needs no reduction
         self.x0 = None if X is None else (X.handle, X.stateGet())
         self.last = None   # (u, F(u)) of the latest function evaluation
+        self.evaluations = 0   # function callbacks so far (the same count on every rank)
+        # at the latest monitor call: (evaluations, X's and F's handles and states), see final_norm
+        self.at_monitor = None
         self.last_objective = None   # (u, objective(u)) of the latest objective evaluation
         # the problem's NumPy kernels for SNES's own iterates (Problem.iterate_kernels), set once the
         # evaluations at u0 passed their checks: (residual_into, tangent_values) or None
@@ -177,6 +182,7 @@ class _Callbacks:
         return self.x0 is not None and X.handle == self.x0[0] and X.stateGet() == self.x0[1]
 
     def function(self, snes, X, F) -> None:
+        self.evaluations += 1
         if self.r0 is not None and self._at_u0(X):
             u, r = self.u0, self.r0
         elif self.kernels is not None:
@@ -251,7 +257,27 @@ class _Callbacks:
         differs = not torch.equal(u, v)
         return not bool(allreduce_max(self.prob.comm, torch.tensor([float(differs)]))[0])
 
+    def _state(self, snes) -> tuple:
+        X, F = snes.getSolution(), snes.getFunction()[0]
+        return self.evaluations, X.handle, X.stateGet(), F.handle, F.stateGet()
+
+    def final_norm(self, snes, method: str, line: Optional[str]) -> Optional[float]:
+        """Collective (no communication where PETSc has the norm cached). ``||F(u)||`` of SNES's
+        solution ``u`` from SNES's own function Vec, or None (decided alike on every rank): when the
+        SNES is ``newtonls`` with the ``bt`` or ``basic`` line search computing norms (``line``:
+        None where ``-snes_linesearch_norms false`` turned them off), which leave ``F = F(X)`` in
+        SNES's Vecs at every monitor call, and neither Vec changed nor the function was evaluated
+        since the last one. The Vecs' states move only by operations every rank makes (Vec
+        operations, the callbacks' array writes), so the answer needs no reduction; ``F.norm()``
+        returns the norm the line search computed (PETSc caches it on the Vec until the Vec
+        changes) or computes it, on every rank alike."""
+        if method != "newtonls" or line not in ("bt", "basic") or self.at_monitor is None or \
+                self.at_monitor != self._state(snes):
+            return None
+        return float(snes.getFunction()[0].norm())
+
     def monitor(self, snes, its, fnorm) -> None:
+        self.at_monitor = self._state(snes)
         self.hist.append(float(fnorm))
         if its > 0:
             total = snes.getLinearSolveIterations()
@@ -343,6 +369,8 @@ class _Solver:
                     db = PETSc.Options(options_prefix)
                     self.line = db.getString("snes_linesearch_type") if db.hasName("snes_linesearch_type") \
                         else line_search
+                    # whether the line search computes ||F|| (SNES's Vecs then hold F(X) at each step)
+                    self.norms = db.getBool("snes_linesearch_norms", True)
             except PETSc.Error as e:
                 raise ValueError(f"PETSc rejected the SNES configuration (petsc_options={petsc_options!r}, "
                                  f"linear_solver={ls!r}): {e}") from None
@@ -378,6 +406,7 @@ class _Run(NamedTuple):
     setup: float
     drop: Optional[Callable[[], None]]   # forgets the kept SNES (None: made for this call)
     kept: Optional["KeptTangent"]        # the kept SNES, for the backward (None: made for this call)
+    fnorm: Optional[float]               # ||F(u)|| from SNES's Vecs (_Callbacks.final_norm), or None
 
 
 def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian, callback, progress,
@@ -440,6 +469,7 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
             prob.iterating = False
         code = snes.getConvergedReason()
         its = snes.getIterationNumber()
+        fnorm = cb.final_norm(snes, solver.types[0], solver.line if solver.norms else None)
         u = torch.from_numpy(X.getArray(readonly=True).copy()).to(u0.dtype)
         ok = True
     finally:
@@ -451,7 +481,7 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     method, lm, pc = solver.types
     drop = None if cache is None else (lambda: cache.pop(key, None))
     kept = None if cache is None or solver.Jmat is None or solver.csr is None else KeptTangent(solver, J0._layout)
-    return _Run(u, _reason(code), its, solver.line, cb, method, lm, pc, solver.tols, setup, drop, kept)
+    return _Run(u, _reason(code), its, solver.line, cb, method, lm, pc, solver.tols, setup, drop, kept, fnorm)
 
 
 def _near_nullspace_changed(comm, solver: _Solver, Z: torch.Tensor) -> bool:
@@ -552,21 +582,23 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
         if out.drop is not None:   # its prolongators failed: the next call starts afresh
             out.drop()
         out = _snes_run(*args, _REBUILD_ENTRIES, start=start)
-    u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup, _, kept = out
-    # the true residual of the returned u decides "converged": SNES's last evaluation when it
-    # was at u on every rank (it is, after a line search step), else one more
-    last = cb.last
-    if last is not None and torch.equal(last[0], u):
-        r = last[1].numpy() if last[1].dtype == torch.float64 else last[1].to(torch.float64).numpy()
-        buf = np.array([float(np.dot(r, r)), 0.0])
-    else:
-        buf = np.array([0.0, 1.0])
-    if comm.Get_size() > 1:
-        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
-    if buf[1] == 0:
-        fn = math.sqrt(float(buf[0]))
-    else:
-        fn = global_norm(comm, prob.residual(u))
+    u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup, _, kept, fn = out
+    # the true residual of the returned u decides "converged": SNES's own ||F|| at u where its
+    # Vecs hold F(u) (no reduction); else SNES's last evaluation when it was at u on every rank
+    # (one reduction decides and sums), else one more evaluation
+    if fn is None:
+        last = cb.last
+        if last is not None and torch.equal(last[0], u):
+            r = last[1].numpy() if last[1].dtype == torch.float64 else last[1].to(torch.float64).numpy()
+            buf = np.array([float(np.dot(r, r)), 0.0])
+        else:
+            buf = np.array([0.0, 1.0])
+        if comm.Get_size() > 1:
+            comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+        if buf[1] == 0:
+            fn = math.sqrt(float(buf[0]))
+        else:
+            fn = global_norm(comm, prob.residual(u))
     hist = cb.hist or [float("nan")]
     target = max(rtol * hist[0], atol)
     if reason.startswith("CONVERGED") and reason != "CONVERGED_SNORM_RELATIVE":
