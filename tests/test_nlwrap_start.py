@@ -40,8 +40,8 @@ def _started(monkeypatch):
     seen = []
     real = problem_mod.Problem.start_kernels
 
-    def spy(self, u0):
-        out = real(self, u0)
+    def spy(self, u0, **kw):
+        out = real(self, u0, **kw)
         seen.append(out is not None)
         return out
     monkeypatch.setattr(problem_mod.Problem, "start_kernels", spy)
@@ -83,7 +83,7 @@ def test_bad_coefficient_on_one_rank_raises_on_every_rank(comm, monkeypatch):
     seen = _started(monkeypatch)
     with pytest.raises(Exception):
         slasolve.nonlinear_solve(P.residual, sp.zeros(), kappa, jacobian=P.jacobian, linear_solver=LU)
-    assert seen == []   # raised by the check inside it, on every rank
+    assert seen == []   # raised by nonlinear_solve's check before it (Problem.start_error), on every rank
     # the next call solves
     u = slasolve.nonlinear_solve(P.residual, sp.zeros(), _kappa(sp, comm), jacobian=P.jacobian, rtol=1e-10,
                                  linear_solver=LU)

@@ -263,20 +263,32 @@ class NonlinearProblem:
         Decided from the problem, the methods and the parameters' types, the same on every rank."""
         return None
 
-    def start_kernels(self, residual, jacobian, params: tuple, u: torch.Tensor):
+    def start_error(self, residual, jacobian, params: tuple, u: torch.Tensor):
+        """Local. ``(applies, error)``: whether :meth:`start_kernels` applies to these methods,
+        parameters and ``u`` (decided from the methods and the types), and where it does, this
+        rank's problem with ``u`` or the parameters that its collective check raises, or None."""
+        if not (isinstance(u, torch.Tensor) and u.dtype == torch.float64 and u.device.type == "cpu"):
+            return False, None
+        coefs, err = self._kernel_coefs(residual, jacobian, params, errors=True)
+        if coefs is None and err is None:
+            return False, None
+        return True, self._u_error(u, numpy=True) or err
+
+    def start_kernels(self, residual, jacobian, params: tuple, u: torch.Tensor, checked: bool = False):
         """Collective. For a nonlinear solver that starts at ``u`` with ``params`` and evaluates there
         by :meth:`iterate_kernels`' kernels too: ``u`` and the parameters checked in one collective
         check, as the methods check them (a problem raises on every rank), then ``tangent(v)``: the
         DSparseTensor the ``jacobian`` method returns with the kernels' tangent values ``v`` (checked
         by them). After it :meth:`iterate_kernels` answers alike on every rank. None where the
         kernels do not apply (decided from the methods and the types, alike on every rank; no
-        reduction): then call the methods."""
-        if not (isinstance(u, torch.Tensor) and u.dtype == torch.float64 and u.device.type == "cpu"):
-            return None
-        coefs, err = self._kernel_coefs(residual, jacobian, params, errors=True)
-        if coefs is None and err is None:
-            return None
-        check_collective(self.comm, self._u_error(u, numpy=True) or err)
+        reduction): then call the methods. ``checked``: the caller had :meth:`start_error` answer
+        ``(True, error)`` and combined ``error`` into a collective check of its own, passed on every
+        rank: no check here."""
+        if not checked:
+            applies, err = self.start_error(residual, jacobian, params, u)
+            if not applies:
+                return None
+            check_collective(self.comm, err)
         template = self._kernel_template()
 
         def tangent(v: np.ndarray) -> DSparseTensor:

@@ -91,7 +91,21 @@ class Problem:
             return None
         return make(self._residual, self._jacobian, self.params)
 
-    def start_kernels(self, u0: torch.Tensor):
+    def start_error(self, u0: torch.Tensor):
+        """Local. ``(applies, error)``: whether :meth:`start_kernels` evaluates at ``u0`` by the kernels
+        (:meth:`slasolve.fem.NonlinearProblem.start_error`; decided from the methods and the
+        parameters' types), and where it does, this rank's problem with ``u0`` or the parameters, or
+        None. For a caller that combines the error (and ``applies``, as a setting every rank must
+        agree on) into a collective check it makes anyway, then calls ``start_kernels(u0, checked=True)``
+        where ``applies``."""
+        if not self._one_owner or self.dtype != torch.float64:
+            return False, None
+        make = getattr(self._residual.__self__, "start_error", None)
+        if make is None:
+            return False, None
+        return make(self._residual, self._jacobian, self.params, u0)
+
+    def start_kernels(self, u0: torch.Tensor, checked: bool = False):
         """Collective. ``F(u0)``, the Jacobian at ``u0`` and the kernels for the solver's own iterates
         by the NumPy kernels of the residual's owner (:meth:`slasolve.fem.NonlinearProblem.start_kernels`:
         ``u0`` and the parameters checked in one collective check instead of the methods' checks, the
@@ -99,13 +113,15 @@ class Problem:
         ``jacobian_at_u0()`` the Jacobian at ``u0`` (Collective; counted as an evaluation; call it once
         per SNES run) and ``kernels`` as :meth:`iterate_kernels` gives them; or None (then evaluate by
         :meth:`residual_local` and :meth:`jacobian`), decided as :meth:`iterate_kernels` is, alike on
-        every rank. A problem with ``u0`` or the parameters raises on every rank, as the methods'."""
+        every rank. A problem with ``u0`` or the parameters raises on every rank, as the methods'.
+        ``checked``: :meth:`start_error` said the kernels apply, and its error was combined into a
+        collective check that passed on every rank (no check here)."""
         if not self._one_owner or self.dtype != torch.float64:
             return None
         make = getattr(self._residual.__self__, "start_kernels", None)
         if make is None:
             return None
-        tangent = make(self._residual, self._jacobian, self.params, u0)   # the collective check
+        tangent = make(self._residual, self._jacobian, self.params, u0, checked=checked)   # the collective check
         if tangent is None:
             return None
         kernels = self.iterate_kernels()   # decided alike now: the inputs passed on every rank

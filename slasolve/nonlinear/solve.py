@@ -33,7 +33,8 @@ NONLINEAR_SETTINGS = SettingsSchema(
     keyed=("rtol", "atol", "stol", "maxiter", "line_search", "linear_solver", "options_prefix", "petsc_options",
            "options database", "objective given"),
     agreed=("method", "backend", "jacobian given", "return_info", "raise_on_fail", "progress", "callback given",
-            "dtype", "number of params", "params requiring grad", "u0 requires grad"))
+            "dtype", "number of params", "params requiring grad", "u0 requires grad",
+            "problem's NumPy kernels"))
 
 _METHODS = ("newton", "newtonls")
 _LINE_SEARCHES = ("bt", "basic")
@@ -235,16 +236,17 @@ def _adjoint_solve(ctl, u, g):
     return lam.detach()
 
 
-def _newton(prob, u0, backend, settings, petsc_options, options_prefix, kw):
+def _newton(prob, u0, backend, settings, petsc_options, options_prefix, kw, checked=False):
     """Collective. One Newton run of ``prob`` from ``u0`` on ``backend``: ``(u, NonlinearInfo, kept)``
     (``kept``: the kept SNES for the backward, see :func:`~slasolve.nonlinear.petsc_snes.adjoint_solve_kept`;
-    None on the torch backend)."""
+    None on the torch backend). ``checked``: ``prob.start_error(u0)`` said the kernels apply and its
+    error passed the caller's collective check on every rank."""
     if backend == "petsc":
         from .petsc_snes import snes_solve
         # checked (shape, dtype) on every rank, collectively with the Jacobian at u0 (a deferred check)
         u0 = u0.detach()   # one tensor for F(u0) and J(u0): the latter's input checks are the former's
         # a slasolve.fem problem's own methods: F(u0) and J(u0) by its kernels after one input check
-        start = prob.start_kernels(u0) if kw["use_jacobian"] else None
+        start = prob.start_kernels(u0, checked=checked) if kw["use_jacobian"] else None
         if start is not None:
             return snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix,
                               r0=start[0], start=start[1:], settings=settings, **kw)
@@ -414,6 +416,14 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     err = err or _check(residual, u0, jacobian, method, backend, rtol, atol, stol, maxiter, linear_solver,
                         line_search, petsc_options, options_prefix, callback, objective) \
         or _nested_grad_error(params)
+    dparams = tuple(p.detach() if isinstance(p, torch.Tensor) or _is_dsparse(p) else p for p in params)
+    prob, kernels = None, None
+    if err is None:
+        prob = Problem(residual, jacobian, dparams, comm, int(u0.shape[0]), u0.dtype, objective=objective)
+        if backend == "petsc" and jacobian is not None:
+            # a slasolve.fem problem's check of u0 and the parameters before its kernels evaluate at
+            # u0 rides on this call's one reduction (whether they apply: a setting that must agree)
+            kernels, err = prob.start_error(u0)
     database = None
     if backend == "petsc" and err is None:
         try:  # the kept SNES is keyed on them: every rank must read the same
@@ -428,7 +438,7 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
         return_info=bool(return_info), raise_on_fail=bool(raise_on_fail), progress=bool(progress),
         dtype=str(u0.dtype) if isinstance(u0, torch.Tensor) else None,
         **{"options database": database, "jacobian given": jacobian is not None,
-           "objective given": objective is not None,
+           "objective given": objective is not None, "problem's NumPy kernels": kernels,
            "callback given": callback is not None, "number of params": len(params),
            # a graph on some ranks only would leave those ranks alone in the backward's adjoint
            "params requiring grad": [i for i, p in enumerate(params) if torch.is_grad_enabled() and (
@@ -437,13 +447,11 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     check_collective(comm, err, agree=settings.agree())
     rtol, atol = float(rtol), float(atol)
     stol = None if stol is None else float(stol)
-    dparams = tuple(p.detach() if isinstance(p, torch.Tensor) or _is_dsparse(p) else p for p in params)
     callback = user_code(comm, callback, "callback")   # a raise on one rank ends the solve everywhere
-    prob = Problem(residual, jacobian, dparams, comm, int(u0.shape[0]), u0.dtype, objective=objective)
     kw = dict(rtol=rtol, atol=atol, stol=stol, maxiter=int(maxiter), line_search=line_search,
               linear_solver=linear_solver, use_jacobian=jacobian is not None, callback=callback,
               progress=progress)
-    u, info, kept = _newton(prob, u0, backend, settings, petsc_options, options_prefix, kw)
+    u, info, kept = _newton(prob, u0, backend, settings, petsc_options, options_prefix, kw, checked=bool(kernels))
     if info.reason == "DIVERGED_LINE_SEARCH" and objective is not None:
         u, info, kept = _without_objective(prob, u, info, kept, backend, settings, petsc_options, options_prefix, kw)
     info.function_evaluations, info.jacobian_evaluations = prob.nfev, prob.njev
