@@ -164,6 +164,8 @@ class _Callbacks:
         # it only by Vec operations every rank makes, so "unchanged" is the same on every rank
         # and needs no reduction
         self.x0 = None if X is None else (X.handle, X.stateGet())
+        # SNES's solution and function Vecs (X, and the F its function was set with)
+        self.vecs = None if X is None or mat_slot is None else (X, mat_slot.F)
         self.last = None   # (u, F(u)) of the latest function evaluation
         self.evaluations = 0   # function callbacks so far (the same count on every rank)
         # at the latest monitor call: (evaluations, X's and F's handles and states), see final_norm
@@ -258,7 +260,7 @@ class _Callbacks:
         return not bool(allreduce_max(self.prob.comm, torch.tensor([float(differs)]))[0])
 
     def _state(self, snes) -> tuple:
-        X, F = snes.getSolution(), snes.getFunction()[0]
+        X, F = self.vecs if self.vecs is not None else (snes.getSolution(), snes.getFunction()[0])
         return self.evaluations, X.handle, X.stateGet(), F.handle, F.stateGet()
 
     def final_norm(self, snes, method: str, line: Optional[str]) -> Optional[float]:
@@ -274,7 +276,7 @@ class _Callbacks:
         if method != "newtonls" or line not in ("bt", "basic") or self.at_monitor is None or \
                 self.at_monitor != self._state(snes):
             return None
-        return float(snes.getFunction()[0].norm())
+        return float((self.vecs[1] if self.vecs is not None else snes.getFunction()[0]).norm())
 
     def monitor(self, snes, its, fnorm) -> None:
         self.at_monitor = self._state(snes)
