@@ -460,8 +460,8 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
         info.solve_time = time.perf_counter() - t0
     if raise_on_fail and not info.converged:
         raise NonlinearConvergenceError(info)
-    flat, rebuild = _grad_leaves(params)
-    if any(isinstance(p, torch.Tensor) and p.requires_grad for p in flat) and torch.is_grad_enabled():
+    if settings.values["params requiring grad"]:   # decided at entry (with grad mode on), agreed
+        flat, rebuild = _grad_leaves(params)
         ctl = {"residual": user_code(comm, residual, "residual"), "jacobian": user_code(comm, jacobian, "jacobian"), "params": params, "linear_solver": linear_solver,
                "backend": backend, "comm": comm, "rebuild": rebuild, "kept": kept,
                "failed": None if info.converged else info.reason}
