@@ -15,7 +15,7 @@ from slasolve.nonlinear import petsc_snes
 
 pytestmark = pytest.mark.mpi
 F64 = torch.float64
-GAMG = dict(method="gmres", pc="gamg", rtol=1e-10)
+LU = dict(method="direct")
 
 
 def _diffusion(comm):
@@ -68,7 +68,7 @@ def test_final_norm_is_the_residual_of_the_returned_u(comm, monkeypatch, kw, fas
     sp, P = _diffusion(comm)
     seen = _spy(monkeypatch)
     kw = dict(kw)
-    ls = kw.pop("linear_solver", GAMG)
+    ls = kw.pop("linear_solver", LU)
     u, info = slasolve.nonlinear_solve(P.residual, sp.zeros(), jacobian=P.jacobian, rtol=1e-10,
                                        linear_solver=ls, return_info=True, **kw)
     assert len(seen) == 1 and (seen[0] is not None) == fast
@@ -80,8 +80,11 @@ def test_final_norm_is_the_residual_of_the_returned_u(comm, monkeypatch, kw, fas
     monkeypatch.setattr(petsc_snes._Callbacks, "final_norm", lambda self, *a: None)
     u2, info2 = slasolve.nonlinear_solve(P.residual, sp.zeros(), jacobian=P.jacobian, rtol=1e-10,
                                          linear_solver=ls, return_info=True, **kw)
-    assert torch.equal(u, u2) and info.reason == info2.reason and info.iterations == info2.iterations
-    assert abs(info.residual_norm - info2.residual_norm) <= 1e-12 * info2.residual_norm + 1e-300
+    # (the two calls' iterates agree to rounding: several ranks need not sum alike from call to call)
+    d = comm.allreduce(float((u - u2).abs().max()) if u.numel() else 0.0, op=MPI.MAX)
+    scale = comm.allreduce(float(u2.abs().max()) if u2.numel() else 0.0, op=MPI.MAX)
+    assert d <= 1e-10 * scale and info.reason == info2.reason and info.iterations == info2.iterations
+    assert abs(info.residual_norm - info2.residual_norm) <= 1e-12 * info2.residual_history[0]
 
 
 @pytest.mark.parametrize("line_search", ["bt", "basic"])
