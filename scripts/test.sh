@@ -143,14 +143,9 @@ run_mpi() {
   # bytecode; the property files alone: ~4.5), so a step that runs a few files names them
   local paths=()
   [ "$user_paths" = 1 ] || paths=("${@:5}")
-  # the files none of whose tests the step selects (mpi_skip_files: path globs) are not even
-  # imported: every rank would import and collect them for nothing
-  local ignore=() globs=() g
-  read -r -a globs <<< "${mpi_skip_files:-}"   # no pathname expansion here: pytest matches them
-  for g in ${globs[@]+"${globs[@]}"}; do ignore+=("--ignore-glob=$g"); done
   SLASOLVE_PROPERTY_EXAMPLES=$examples OMP_NUM_THREADS=$threads timeout "$run_timeout" mpirun -n "$1" --oversubscribe --bind-to none \
     "$here/scripts/mpi_pytest.sh" -q --color=no --with-mpi -m "$2" -p no:cacheprovider $durations \
-    ${ignore[@]+"${ignore[@]}"} ${paths[@]+"${paths[@]}"} ${args[@]+"${args[@]}"} || {
+    ${paths[@]+"${paths[@]}"} ${args[@]+"${args[@]}"} || {
       status=1; echo "mpirun -n $1 failed; other ranks' logs:"; tail -n 30 .pytest-mpi/*.log 2>/dev/null; }
   took "mpirun -n $1" "$t0" "$c0"
 }
@@ -175,10 +170,7 @@ for f in "${ranks4_files[@]}"; do
   # a renamed or removed file fails the run instead of silently leaving the 4-rank step
   if [ -f "tests/$f" ]; then ranks4_paths+=("tests/$f"); else echo "ranks4_files: no tests/$f (update scripts/test.sh)"; status=1; fi
 done
-# the property files' MPI tests are all marked property (tests/conftest.py fails the collection
-# otherwise): at 2 ranks their import and collection (~4.4 CPU s a rank) selected nothing
-mpi_skip_files="tests/test_property_*.py" \
-  run_mpi 2 "mpi and not property and not once" "MPI tests but the property ones and those marked once"
+run_mpi 2 "mpi and not property and not once" "MPI tests but the property ones and those marked once"
 # the eigensolver and SciPy-suite tests again under other BLAS/LAPACK kernels and thread counts
 # than the machine's own, so a result that holds only on this CPU's kernels fails here, not on the
 # next machine (SLASOLVE_SKIP_KERNELS=1 skips it): OpenBLAS (NumPy, SciPy, PETSc) forced to the

@@ -38,14 +38,6 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    # scripts/test.sh's 2-rank step does not even import tests/test_property_*.py (it runs no
-    # property test): an MPI test there that is not marked property would silently not run at 2 ranks
-    unmarked = [item.nodeid for item in items
-                if os.path.basename(str(item.path)).startswith("test_property_")
-                and item.get_closest_marker("mpi") is not None and item.get_closest_marker("property") is None]
-    if unmarked:
-        raise pytest.UsageError("tests marked mpi in tests/test_property_*.py must be marked property "
-                                f"(scripts/test.sh runs those files at 1, 3 and 8 ranks only): {unmarked}")
     # scripts/test.sh's serial step: the MPI tests of the files its kernels step runs again at one
     # rank (under other BLAS kernels) and its 2-rank step runs (the machine's kernels) are
     # deselected here (SLASOLVE_DESELECT_MPI_IN: space-separated path prefixes, docs/testing.md)
