@@ -1,9 +1,6 @@
 import os
 
 import pytest
-import torch
-
-torch.set_default_dtype(torch.float64)
 
 
 def pytest_addoption(parser):
@@ -20,6 +17,11 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # the tests' processes compute in float64 by default; a pytest-xdist controller runs no test and
+    # skips importing torch (~2.5 CPU s, before it starts its workers)
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        import torch
+        torch.set_default_dtype(torch.float64)
     config.addinivalue_line("markers", "property: hypothesis property-based differential test "
                                        "(tests/test_property_*.py, docs/testing.md)")
     config.addinivalue_line("markers", "once: a test whose check depends on neither the rank count nor the "

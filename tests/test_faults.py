@@ -6,6 +6,14 @@ status 124 (or 137) means the job hung until the timeout: always a failure. The
 limit (90 s) is far above a job's run time on a quiet machine (2-5 s) because under load its
 ranks can spend 20-30 s importing torch and PETSc before the fault happens (a 25 s limit failed
 at load ~11): it tells a hang from a slow start, not fast from slow.
+
+Each job costs its ranks' start-up (importing torch, PETSc and slasolve: ~3.5 CPU s a
+process), so scenarios that end neither the job nor need an environment or command line of
+their own share one: the PETSc-on-one-rank and bad-vector scenarios run one after the other in
+one 2-rank job (``shared_job``), the one-process hooks and PETSc command-line checks in one
+interpreter (``one_process``); each test still asserts its own scenario's output. The jobs that
+end in an abort, an exit status or a killed rank, or that need their own environment, have one
+job each.
 """
 import os
 import shutil
@@ -123,47 +131,80 @@ def test_backward_on_some_ranks_only_is_reported_and_aborted(tmp_path):
     assert "SLASOLVE_EXIT_TIMEOUT" in out
 
 
-@needs_mpirun
-def test_bad_vector_on_one_rank_never_hangs(tmp_path):
-    """A wrong-length x on one rank in A @ x: either every rank raises ValueError, or the
-    job ends non-zero (the rank that raised alone exits, its watchdog aborts)."""
-    rc, out, hung = mpirun(2, """
-        import torch, slasolve
-        from mpi4py import MPI
-        from slasolve.testing import poisson_matrix
-        comm = MPI.COMM_WORLD
-        A = slasolve.DSparseTensor.from_global(poisson_matrix((8, 8)), comm)
-        x = torch.ones(A.n_local + (1 if comm.rank == 1 else 0), dtype=torch.float64)
-        try:
-            y = A @ x
-        except ValueError as e:
-            print(f"rank {comm.rank}: ValueError: {e}", flush=True)
-    """, tmp_path=tmp_path, SLASOLVE_EXIT_TIMEOUT=3)
-    assert_ended(rc, out, hung, nonzero=False)
-    assert rc != 0 or ("rank 0: ValueError" in out and "rank 1: ValueError" in out), out[-3000:]
+# Two scenarios in one 2-rank job; their lines carry the scenario's name (the launcher may
+# interleave the ranks' lines), and rank 0 prints "END name" once every rank has finished it.
+# The PETSc one runs first: it needs the first PETSc use of a fresh process. The bad-vector one
+# runs last: it may end the job (an abort), which the other must not depend on.
+SHARED_JOB = """
+    import torch, slasolve
+    from mpi4py import MPI
+    from slasolve.testing import poisson_matrix
+    comm = MPI.COMM_WORLD
+    try:
+        import petsc4py
+    except ImportError:
+        petsc4py = None
 
+    def end(name):
+        comm.Barrier()
+        if comm.rank == 0:
+            print(f"END {name}", flush=True)
 
-@needs_mpirun
-def test_petsc_use_on_one_rank_only_in_a_fresh_process(tmp_path):
-    """Rank 0 alone makes the first PETSc use of a fresh process (the torch backend's
-    ILU(0) is factored by PETSc) while rank 1 has already moved on to the next
-    collective. PETSc's start-up is collective; it happened at import, so this is a
-    purely local operation and the job finishes (lazily it hung)."""
-    pytest.importorskip("petsc4py")
-    rc, out, hung = mpirun(2, """
-        import torch, slasolve
-        from mpi4py import MPI
-        from slasolve.testing import poisson_matrix
-        comm = MPI.COMM_WORLD
+    # --- petsc_use_on_one_rank: rank 0 alone makes the process's first PETSc use
+    if petsc4py is not None:
         ok = 1
         if comm.rank == 0:
             S = slasolve.SparseTensor.from_scipy(poisson_matrix((6, 6)))
             x, info = slasolve.cg(S, torch.ones(36, dtype=torch.float64), pc="ilu", backend="torch", rtol=1e-10)
             ok = int(info.converged)
-        print("converged on every rank:", comm.allreduce(ok) == comm.size, flush=True)
-    """, tmp_path=tmp_path, SLASOLVE_EXIT_TIMEOUT=3)
+        every = comm.allreduce(ok) == comm.size
+        if comm.rank == 0:   # one write: the ranks' output may interleave within a line
+            print(f"petsc_use_on_one_rank: converged on every rank: {every}", flush=True)
+        end("petsc_use_on_one_rank")
+
+    # --- bad_vector_on_one_rank: a wrong-length x on rank 1 in A @ x
+    A = slasolve.DSparseTensor.from_global(poisson_matrix((8, 8)), comm)
+    x = torch.ones(A.n_local + (1 if comm.rank == 1 else 0), dtype=torch.float64)
+    try:
+        y = A @ x
+    except ValueError as e:
+        print(f"bad_vector_on_one_rank: rank {comm.rank}: ValueError: {e}", flush=True)
+    end("bad_vector_on_one_rank")
+"""
+
+
+@pytest.fixture(scope="module")
+def shared_job(tmp_path_factory):
+    """The 2-rank job of ``SHARED_JOB``: (returncode, output, hung)."""
+    if MPIRUN is None:
+        pytest.skip("needs mpirun")
+    return mpirun(2, SHARED_JOB, tmp_path=tmp_path_factory.mktemp("shared_job"), SLASOLVE_EXIT_TIMEOUT=3)
+
+
+@needs_mpirun
+def test_bad_vector_on_one_rank_never_hangs(shared_job):
+    """A wrong-length x on one rank in A @ x: either every rank raises ValueError, or the
+    job ends non-zero (the rank that raised alone exits, its watchdog aborts). The last
+    scenario of ``shared_job``."""
+    rc, out, hung = shared_job
     assert_ended(rc, out, hung, nonzero=False)
-    assert rc == 0 and "converged on every rank: True" in out, out[-3000:]
+    assert rc != 0 or ("bad_vector_on_one_rank: rank 0: ValueError" in out and
+                       "bad_vector_on_one_rank: rank 1: ValueError" in out and
+                       "END bad_vector_on_one_rank" in out), out[-3000:]
+
+
+@needs_mpirun
+def test_petsc_use_on_one_rank_only_in_a_fresh_process(shared_job):
+    """Rank 0 alone makes the first PETSc use of a fresh process (the torch backend's
+    ILU(0) is factored by PETSc) while rank 1 has already moved on to the next
+    collective. PETSc's start-up is collective; it happened at import, so this is a
+    purely local operation and the job goes on (lazily it hung): the first scenario of
+    ``shared_job``, which every rank finishes."""
+    pytest.importorskip("petsc4py")
+    rc, out, hung = shared_job
+    assert not hung, f"the job hung (killed by timeout):\n{out[-3000:]}"
+    assert "END petsc_use_on_one_rank" in out and \
+        "petsc_use_on_one_rank: converged on every rank: True" in out, out[-3000:]
 
 
 # ------------------------------------------------------------------ opt-outs
@@ -206,12 +247,36 @@ def test_opt_out_env_vars(tmp_path):
         assert f"rank {r}: hook=False exit=False watchdog=True timeout=0" in out
 
 
-def test_one_rank_installs_nothing():
-    code = ("import sys, slasolve; from slasolve import _faults; "
-            "print(sys.excepthook is sys.__excepthook__, _faults._state.watchdog, sys.exit is _faults._exit)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_env())
+# One plain process (no mpirun) with PETSc options on its command line: what import slasolve
+# installed (nothing, at one rank) and what PETSc read from the command line.
+ONE_PROCESS = """
+import sys, slasolve
+from slasolve import _faults
+print("installed:", sys.excepthook is sys.__excepthook__, _faults._state.watchdog, sys.exit is _faults._exit)
+try:
+    from petsc4py import PETSc
+except ImportError:
+    PETSc = None
+if PETSc is not None:
+    ksp = PETSc.KSP().create(PETSc.COMM_SELF)
+    ksp.setFromOptions()
+    print("petsc:", PETSc.Options().getString("ksp_type"), ksp.getType(), PETSc.Options().getReal("ksp_rtol"),
+          PETSc.Options().hasName("n"))
+"""
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    """``ONE_PROCESS`` run as ``python -c ... -ksp_type gmres --n 5 -ksp_rtol 1e-3``:
+    {"installed": [...], "petsc": [...]} (the words after each label)."""
+    out = subprocess.run([sys.executable, "-c", ONE_PROCESS, "-ksp_type", "gmres", "--n", "5", "-ksp_rtol", "1e-3"],
+                         capture_output=True, text=True, timeout=120, env=_env())
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["True", "False", "False"]
+    return {line.split(":", 1)[0]: line.split(":", 1)[1].split() for line in out.stdout.splitlines() if ":" in line}
+
+
+def test_one_rank_installs_nothing(one_process):
+    assert one_process["installed"] == ["True", "False", "False"], one_process
 
 
 def test_previous_excepthook_is_chained():
@@ -231,20 +296,9 @@ def test_previous_excepthook_is_chained():
 
 
 # ------------------------------------------------------------------ PETSc command line
-def test_petsc_sees_command_line_options():
+def test_petsc_sees_command_line_options(one_process):
     pytest.importorskip("petsc4py")
-    code = textwrap.dedent("""
-        import slasolve
-        from petsc4py import PETSc
-        ksp = PETSc.KSP().create(PETSc.COMM_SELF)
-        ksp.setFromOptions()
-        print(PETSc.Options().getString("ksp_type"), ksp.getType(), PETSc.Options().getReal("ksp_rtol"),
-              PETSc.Options().hasName("n"))
-    """)
-    out = subprocess.run([sys.executable, "-c", code, "-ksp_type", "gmres", "--n", "5", "-ksp_rtol", "1e-3"],
-                         capture_output=True, text=True, timeout=120, env=_env())
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split() == ["gmres", "gmres", "0.001", "False"]
+    assert one_process["petsc"] == ["gmres", "gmres", "0.001", "False"], one_process
 
 
 def test_petsc_initialised_by_the_user_first_is_left_alone():
