@@ -906,6 +906,40 @@ ratios, not times, with earlier sessions.
   factorises them with SuperLU (a small-problem mode, documented as such: every rank holds the whole matrix);
   the 1000-step gradient check (5 snapshots equal to full storage to 1e-12, Taylor rate >= 1.9) runs in the
   default suite at 2 ranks with it (4.2 s in one run here, load ~5; MUMPS makes ~93 collectives per solve at 2 ranks).
+
+### The eleventh session's changes (issue 19; 2026-11-28, machine at load 1.0-1.6)
+
+The nonlinear-diffusion rows at 8k cells were rerun after these changes at 09:52 (load 1.3-1.6), the fixed-cost
+table and the neo-Hookean rows at 8k at 10:21-10:24 (load 1.0-1.2, 9 trials), one after the other
+(`bench/results/quiet_2026-11-28_s11.log`; the host's speed changed within the hour: the same 8k Poisson
+iteration took 20 ms at 09:51 against 12.7 ms in the tenth session's run, so compare ratios only). The optimisation
+iteration's rows are the tenth session's: its code path did not change (rerun here for reference: Poisson 8k
+1.06 / 0.97 at 1 rank, 1.27 / 1.14 at 2; 80k 0.96 / 0.84, 0.90 / 0.80; elasticity 3k 0.90 / 0.85, 0.87 / 0.90;
+48k 0.97 / 0.87, 1.04 / 0.84).
+
+* `nonlinear_solve`: the final residual check reads SNES's cached `||F||` (no reduction) where `newtonls` with
+  `bt` / `basic` computing norms left `F(u)` in its Vecs and nothing changed since; a `slasolve.fem` problem's
+  check of `u0` and its coefficients rides on the argument check's one reduction (whether the kernels apply is
+  now an agreed setting). Reductions per call at 2 ranks 112 -> 110 (raw SNES on the same kernels 109, DOLFINx
+  100); instructions per call at 1 rank 5.88M -> 5.85M (raw 5.27M). Fixed cost / DOLFINx, three runs: 1.42, 1.53,
+  1.31 (1 rank; 1.49-1.55 before), 2.29, 2.23 (2 ranks; 2.00-2.27): **not met**, within the noise of before.
+  Neo-Hookean 2-D at 8k, forward / DOLFINx: 1.16 / 0.97 same test (1 rank), 1.27 / 1.09 (2 ranks).
+* Where the fixed cost goes, now with a raw petsc4py SNES on the same NumPy kernels in the table (`raw`):
+  at 1 rank the raw SNES costs about what DOLFINx does (1565 against 1545 us, 1869 against 1952 in the table's run)
+  and `nonlinear_solve` 1.37-1.41x it. PETSc's
+  event counts and flops inside `SNESSolve` are identical for both (5 function and 4 Jacobian evaluations, 4
+  KSP solves, 44 PC applications per call), and so are their `SNESSolve` times when alternated in one process;
+  the rest (~0.6 ms) is outside it, spread over Python: the argument and settings checks, the evaluations at
+  `u0` (which the raw SNES makes inside `SNESSolve`), making the result and the autograd node. At 2 ranks the
+  raw SNES itself costs 1.8-1.9x DOLFINx (4629 against 2560 us, 5565 against 2864; the tenth session's "raw =
+  DOLFINx" was a loaded measurement and is withdrawn). Its KSP solves cost what DOLFINx's do (2535 against 2562 us
+  per call, the same PETSc event counts); each of its 5 residual and 4 tangent evaluations costs ~400 us against
+  ~180 us for DOLFINx's assembly: at 81 unknowns each kernel evaluation is ~11 us of arithmetic and 40-95 us per
+  halo exchange in Python (Isend / Mprobe / header checks; two per residual, one or two per tangent), against
+  DOLFINx's C scatters. A prototype exchanging through a PETSc star forest (`PetscSF`, C, no headers) cut
+  those to 25-33 us, but did not move the optimisation iteration measurably (alternated in one process, median
+  of 400 paired ratios 0.997 at 8k Poisson, 2 ranks; three runs each side at load ~1: 1.24 -> 1.20 / DOLFINx,
+  within the noise) and was not merged (docs/decisions.md).
 """
 
 
