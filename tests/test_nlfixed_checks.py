@@ -9,35 +9,19 @@ import torch
 
 import slasolve
 from mpi4py import MPI
-from slasolve.fem import Assembler, DirichletBC, NeoHookean, NonlinearDiffusion, boundary_dofs, box_mesh
 from slasolve.fem import nonlinear as fem_nonlinear
 from slasolve.nonlinear.problem import solver_iterate
 
+from nl_problems import F64, LU, diffusion, solid
+
 pytestmark = pytest.mark.mpi
-F64 = torch.float64
 LS = dict(method="gmres", pc="gamg", rtol=1e-10)
-# LU: runs compared to rounding (a kept SNES's GAMG reuses the previous run's prolongators; MUMPS
-# at 3+ ranks need not repeat itself bit for bit)
-LU = dict(method="direct")
 
 
 def _close(u, ref, comm, rel=1e-10):
     err = comm.allreduce(float((u - ref).abs().max()) if u.numel() else 0.0, op=MPI.MAX)
     scale = comm.allreduce(float(ref.abs().max()) if ref.numel() else 0.0, op=MPI.MAX)
     return err <= rel * scale
-
-
-def _diffusion(comm, n=8):
-    sp = Assembler(box_mesh(n, cell="triangle", comm=comm))
-    bd = boundary_dofs(sp)
-    return sp, NonlinearDiffusion(sp, DirichletBC(sp, bd, torch.zeros(len(bd), dtype=F64)), source=10.0)
-
-
-def _solid(comm, load):
-    sp = Assembler(box_mesh((4, 8), cell="triangle", comm=comm), 2)
-    bd = boundary_dofs(sp, where=lambda x: x[:, 0] < 1e-12)
-    return sp, NeoHookean(sp, DirichletBC(sp, bd, torch.zeros(len(bd), dtype=F64)), mu=1.0, lmbda=1.5,
-                          body_force=torch.tensor([0.0, -load], dtype=F64))
 
 
 class _Counting:
@@ -54,7 +38,7 @@ class _Counting:
 
 
 def test_checks_once_per_solve_same_answers(comm, monkeypatch):
-    sp, P = _diffusion(comm)
+    sp, P = diffusion(comm)
     kappa = 1.0 + 0.5 * torch.rand(sp.mesh.n_local_cells, dtype=F64, generator=torch.Generator().manual_seed(comm.rank))
     # reference: every evaluation fully checked (a copy of u is not the solver's iterate)
     ref, iref = slasolve.nonlinear_solve(lambda v, k: P.residual(v.clone(), k), sp.zeros(), kappa,
@@ -75,7 +59,7 @@ def test_checks_once_per_solve_same_answers(comm, monkeypatch):
 
 
 def test_gradient_unchanged(comm):
-    sp, P = _diffusion(comm)
+    sp, P = diffusion(comm)
     grads = []
     for wrap in (False, True):
         kappa = torch.full((sp.mesh.n_local_cells,), 1.5, dtype=F64, requires_grad=True)
@@ -88,7 +72,7 @@ def test_gradient_unchanged(comm):
 
 
 def test_outside_a_solve_every_call_is_checked(comm):
-    sp, P = _diffusion(comm)
+    sp, P = diffusion(comm)
     u = sp.zeros()
     assert not solver_iterate(u, ())
     if comm.rank == 0 and u.numel():
@@ -101,7 +85,7 @@ def test_outside_a_solve_every_call_is_checked(comm):
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_overflowing_tangent_on_one_rank_raises_on_every_rank(comm):
-    sp, P = _diffusion(comm)
+    sp, P = diffusion(comm)
     kappa = torch.ones(sp.mesh.n_local_cells, dtype=F64)
     if comm.rank == 0:
         kappa[:] = 1e308          # finite, but the tangent's sums overflow
@@ -115,7 +99,7 @@ def test_overflowing_tangent_on_one_rank_raises_on_every_rank(comm):
 def test_solid_with_inverting_trial_steps_matches_checked_run(comm):
     # a large load: full Newton steps invert cells, the residual there is NaN (on_inversion="nan",
     # at the solver's iterates on the inverted ranks only) and the line search backtracks alike
-    sp, P = _solid(comm, load=4.0)
+    sp, P = solid(comm, load=4.0)
     kw = dict(rtol=1e-9, maxiter=60, linear_solver=dict(method="direct"), return_info=True)
     ref, iref = slasolve.nonlinear_solve(lambda v: P.residual(v.clone()), sp.zeros(),
                                          jacobian=lambda v: P.jacobian(v.clone()), **kw)
@@ -131,7 +115,7 @@ def test_jacobian_refill_in_place_matches_setvaluescsr(comm, monkeypatch):
     pytest.importorskip("petsc4py")
     from slasolve import petsc as sla_petsc
 
-    sp, P = _solid(comm, 0.05)
+    sp, P = solid(comm, 0.05)
     made, writes = [], []
     real = sla_petsc.aij_value_writer
 

@@ -8,19 +8,12 @@ import pytest
 import torch
 
 import slasolve
-from slasolve.fem import Assembler, DirichletBC, NonlinearDiffusion, boundary_dofs, box_mesh
 from slasolve.fem import nonlinear as fem_nonlinear
 from slasolve.nonlinear import solve as solve_mod
 
+from nl_problems import F64, LU, diffusion
+
 pytestmark = pytest.mark.mpi
-F64 = torch.float64
-LU = dict(method="direct")
-
-
-def _diffusion(comm):
-    sp = Assembler(box_mesh(8, cell="triangle", comm=comm))
-    bd = boundary_dofs(sp)
-    return sp, NonlinearDiffusion(sp, DirichletBC(sp, bd, torch.zeros(len(bd), dtype=F64)), source=10.0)
 
 
 def _count(monkeypatch, module):
@@ -35,7 +28,7 @@ def _count(monkeypatch, module):
 
 
 def test_one_check_per_call(comm, monkeypatch):
-    sp, P = _diffusion(comm)
+    sp, P = diffusion(comm)
     kappa = 1.0 + 0.1 * torch.arange(sp.mesh.n_local_cells, dtype=F64) / max(sp.mesh.n_local_cells, 1)
     ref = slasolve.nonlinear_solve(lambda v, k: P.residual(v, k), sp.zeros(), kappa,
                                    jacobian=lambda v, k: P.jacobian(v, k), rtol=1e-10, linear_solver=LU)
@@ -55,7 +48,7 @@ def _max():
 
 @pytest.mark.parametrize("where", ["u0", "kappa"])
 def test_bad_input_on_one_rank_raises_on_every_rank(comm, where):
-    sp, P = _diffusion(comm)
+    sp, P = diffusion(comm)
     u0 = sp.zeros()
     kappa = torch.ones(sp.mesh.n_local_cells, dtype=F64)
     last = comm.rank == comm.size - 1
@@ -73,7 +66,7 @@ def test_bad_input_on_one_rank_raises_on_every_rank(comm, where):
 
 @pytest.mark.mpi(min_size=2)
 def test_kernels_applying_on_some_ranks_only_raises_on_every_rank(comm):
-    sp, P = _diffusion(comm)
+    sp, P = diffusion(comm)
     # a callable coefficient takes the methods, a number the kernels: the ranks would part ways
     kappa = (lambda x: 1.0 + 0 * x[:, 0]) if comm.rank == 0 else 1.0
     with pytest.raises(ValueError, match="NumPy kernels"):

@@ -10,25 +10,11 @@ import torch
 
 import slasolve
 from mpi4py import MPI
-from slasolve.fem import Assembler, DirichletBC, NeoHookean, NonlinearDiffusion, boundary_dofs, box_mesh
 from slasolve.nonlinear import petsc_snes
 
+from nl_problems import F64, LU, diffusion, solid
+
 pytestmark = pytest.mark.mpi
-F64 = torch.float64
-LU = dict(method="direct")
-
-
-def _diffusion(comm):
-    sp = Assembler(box_mesh(8, cell="triangle", comm=comm))
-    bd = boundary_dofs(sp)
-    return sp, NonlinearDiffusion(sp, DirichletBC(sp, bd, torch.zeros(len(bd), dtype=F64)), source=10.0)
-
-
-def _solid(comm):
-    sp = Assembler(box_mesh((4, 8), cell="triangle", comm=comm), 2)
-    bd = boundary_dofs(sp, where=lambda x: x[:, 0] < 1e-12)
-    return sp, NeoHookean(sp, DirichletBC(sp, bd, torch.zeros(len(bd), dtype=F64)), mu=1.0, lmbda=1.5,
-                          body_force=torch.tensor([0.0, -0.5], dtype=F64))
 
 
 def _spy(monkeypatch):
@@ -65,7 +51,7 @@ CASES = [
 
 @pytest.mark.parametrize("kw, fast", CASES)
 def test_final_norm_is_the_residual_of_the_returned_u(comm, monkeypatch, kw, fast):
-    sp, P = _diffusion(comm)
+    sp, P = diffusion(comm)
     seen = _spy(monkeypatch)
     kw = dict(kw)
     ls = kw.pop("linear_solver", LU)
@@ -89,7 +75,7 @@ def test_final_norm_is_the_residual_of_the_returned_u(comm, monkeypatch, kw, fas
 
 @pytest.mark.parametrize("line_search", ["bt", "basic"])
 def test_final_norm_with_an_objective(comm, monkeypatch, line_search):
-    sp, P = _solid(comm)
+    sp, P = solid(comm, 0.5)
     seen = _spy(monkeypatch)
     u, info = slasolve.nonlinear_solve(P.residual, sp.zeros(), jacobian=P.jacobian, objective=P.energy,
                                        rtol=1e-10, line_search=line_search, linear_solver=dict(method="direct"),

@@ -9,25 +9,11 @@ import torch
 
 import slasolve
 from mpi4py import MPI
-from slasolve.fem import Assembler, DirichletBC, NeoHookean, NonlinearDiffusion, boundary_dofs, box_mesh
 from slasolve.nonlinear import problem as problem_mod
 
+from nl_problems import F64, LU, diffusion, solid
+
 pytestmark = pytest.mark.mpi
-F64 = torch.float64
-LU = dict(method="direct")
-
-
-def _diffusion(comm):
-    sp = Assembler(box_mesh(8, cell="triangle", comm=comm))
-    bd = boundary_dofs(sp)
-    return sp, NonlinearDiffusion(sp, DirichletBC(sp, bd, torch.zeros(len(bd), dtype=F64)), source=10.0)
-
-
-def _solid(comm):
-    sp = Assembler(box_mesh((4, 8), cell="triangle", comm=comm), 2)
-    bd = boundary_dofs(sp, where=lambda x: x[:, 0] < 1e-12)
-    return sp, NeoHookean(sp, DirichletBC(sp, bd, torch.zeros(len(bd), dtype=F64)), mu=1.0, lmbda=1.5,
-                          body_force=torch.tensor([0.0, -0.05], dtype=F64))
 
 
 def _kappa(sp, comm):
@@ -50,7 +36,7 @@ def _started(monkeypatch):
 
 @pytest.mark.parametrize("which", ["diffusion", "neohookean"])
 def test_same_answers_counts_and_history_as_the_methods(comm, monkeypatch, which):
-    sp, P = (_diffusion if which == "diffusion" else _solid)(comm)
+    sp, P = diffusion(comm) if which == "diffusion" else solid(comm, 0.05)
     params = (_kappa(sp, comm),) if which == "diffusion" else ()
     extra = {} if which == "diffusion" else dict(objective=P.energy)
     ref, iref = slasolve.nonlinear_solve(lambda v, *p: P.residual(v, *p), sp.zeros(), *params,
@@ -76,7 +62,7 @@ def test_same_answers_counts_and_history_as_the_methods(comm, monkeypatch, which
 
 
 def test_bad_coefficient_on_one_rank_raises_on_every_rank(comm, monkeypatch):
-    sp, P = _diffusion(comm)
+    sp, P = diffusion(comm)
     kappa = _kappa(sp, comm)
     if comm.rank == comm.size - 1:
         kappa = kappa[:-1] if kappa.numel() else torch.ones(3, dtype=F64)   # the wrong length
@@ -91,7 +77,7 @@ def test_bad_coefficient_on_one_rank_raises_on_every_rank(comm, monkeypatch):
 
 
 def test_nan_u0_on_one_rank_raises_on_every_rank(comm):
-    sp, P = _diffusion(comm)
+    sp, P = diffusion(comm)
     u0 = sp.zeros()
     if comm.rank == 0 and u0.numel():
         u0[0] = math.nan
@@ -100,7 +86,7 @@ def test_nan_u0_on_one_rank_raises_on_every_rank(comm):
 
 
 def test_callable_coefficient_takes_the_methods(comm, monkeypatch):
-    sp, P = _diffusion(comm)
+    sp, P = diffusion(comm)
     seen = _started(monkeypatch)
     u, info = slasolve.nonlinear_solve(P.residual, sp.zeros(), lambda x: 1.0 + x[:, 0], jacobian=P.jacobian,
                                        rtol=1e-10, linear_solver=LU, return_info=True)
