@@ -63,7 +63,7 @@ def agree_digest(agree) -> int:
 
 
 def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=None, flag: bool = False,
-                     digest: Optional[int] = None) -> bool:
+                     digest: Optional[int] = None, flag_voids_errors: bool = False) -> bool:
     """Collective. Raise ``error`` (or the first rank's error) on every rank.
 
     Each rank passes the result of its own validation: ``None`` when its input is
@@ -82,8 +82,14 @@ def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=No
 
     ``digest`` (optional, with ``agree``): ``settings_digest(sorted((str(k), v) for k, v in
     agree.items()))`` computed by the caller (who may keep it for settings it sees again).
+
+    ``flag_voids_errors`` (optional): the caller redoes its work whenever the combined flag is
+    True (e.g. it worked from data that turned out stale on some rank), so the errors of this
+    attempt are then dropped and True is returned; settings that differ still raise.
     """
     if comm.Get_size() == 1:
+        if flag and flag_voids_errors:
+            return True
         if error is not None:
             raise error
         return bool(flag)
@@ -103,7 +109,7 @@ def check_collective(comm: MPI.Comm, error: Optional[BaseException], *, agree=No
         any_flag = bool(buf[3])
         if failed:
             failed = allreduce_int(comm, 1 if error is not None else 0)
-    if failed == 0 and not differ:
+    if (failed == 0 or (any_flag and flag_voids_errors)) and not differ:
         return any_flag
     if failed == 0:
         mine = {str(k): v for k, v in dict(agree).items()}

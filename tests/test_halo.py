@@ -208,3 +208,43 @@ def test_bad_input_on_one_rank_raises_on_its_neighbours(comm):
         plan.reverse(g32)
     xg = global_vec((2,), seed=17)
     assert all_ok(comm, torch.equal(plan.forward(xg[s:e].clone()), xg[torch.from_numpy(others)]))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int64])
+@pytest.mark.parametrize("trailing", [(), (3,), (2, 2)])
+def test_array_exchanges_equal_global_references(comm, dtype, trailing):
+    """forward_array / reverse_array (NumPy in and out, kept buffers) against the global vector
+    and an ``np.add.at`` scatter of every rank's ghosts, called twice (the buffers are reused)."""
+    plan, s, e, ghosts = make_plan(comm, seed=21)
+    for rep in range(2):
+        xg = (global_vec(trailing, seed=30 + rep).numpy() * 100).astype(dtype)
+        got = plan.forward_array(xg[s:e].copy())
+        assert got.dtype == dtype and got.shape == (len(ghosts),) + trailing
+        assert all_ok(comm, np.array_equal(got, xg[ghosts]))
+        g = (np.random.default_rng(comm.rank + 7 * rep).random((len(ghosts),) + trailing) * 100).astype(dtype)
+        full = np.zeros((N_GLOBAL,) + trailing, dtype=np.float64)
+        np.add.at(full, ghosts, g.astype(np.float64))
+        comm.Allreduce(MPI.IN_PLACE, full, op=MPI.SUM)
+        out = plan.reverse_array(g)
+        assert out.dtype == dtype and out.shape == (e - s,) + trailing
+        assert all_ok(comm, np.allclose(out.astype(np.float64), full[s:e], rtol=1e-6))
+        # the tensor path gives the same bits
+        assert all_ok(comm, np.array_equal(plan.reverse_raw(torch.from_numpy(g)).numpy(), out))
+
+
+def test_array_exchange_bad_input_on_one_rank_raises_everywhere(comm):
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+    offs = offsets_for(comm.size)
+    s, e = int(offs[comm.rank]), int(offs[comm.rank + 1])
+    others = np.setdiff1d(np.arange(N_GLOBAL), np.arange(s, e))
+    plan = HaloPlan(comm, (s, e), torch.from_numpy(others))  # everybody needs everybody
+    with pytest.raises(ValueError, match="rank 0|rows along dim 0"):
+        plan.forward_array(np.zeros(e - s + (1 if comm.rank == 0 else 0)))
+    bad = np.empty(len(others), dtype=object) if comm.rank == 1 else np.zeros(len(others))
+    with pytest.raises((TypeError, ValueError), match="rank 1|hold numbers"):
+        plan.reverse_array(bad)
+    with pytest.raises((TypeError, ValueError), match="rank 0|NumPy array"):
+        plan.forward_array([0.0] * (e - s) if comm.rank == 0 else np.zeros(e - s))
+    xg = global_vec((2,), seed=17).numpy()
+    assert all_ok(comm, np.array_equal(plan.forward_array(xg[s:e].copy()), xg[others]))

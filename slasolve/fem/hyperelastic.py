@@ -265,11 +265,12 @@ class NeoHookean(NonlinearProblem):
         U = self._np_cell_values(ul, lifted=True)                            # (nv, dim, E)
         return _np_contract(U[1:] - U[0], self._np_data()[0][1:])
 
-    def _np_kinematics(self, un: np.ndarray, memo: Optional[list] = None):
+    def _np_kinematics(self, un: np.ndarray, memo: Optional[list] = None, exchange: bool = True):
         """Collective. ``(F, det F, F⁻¹)`` ``(dim, dim, E)``, ``(E,)``, ``(dim, dim, E)`` (simplices;
         ``F⁻¹`` is inf/NaN at inverted cells) at the owned dofs ``un`` (lifted here); not to be
-        changed. ``memo``: a one-entry list keeping the latest ones (see :func:`_recall`)."""
-        ue = self._np_extended(self._np_lift(un))
+        changed. ``memo``: a one-entry list keeping the latest ones (see :func:`_recall`);
+        ``exchange``: see :meth:`NonlinearProblem._np_extended_at`."""
+        ue = self._np_extended_at(un, memo, exchange)
         hit = _recall(memo, ue)
         if hit is not None:
             return hit
@@ -306,12 +307,14 @@ class NeoHookean(NonlinearProblem):
             r = self._np_finish_residual(un, _np_contract(G.transpose(1, 0, 2), P.transpose(1, 0, 2)), out)
         return _nan_into(un, out) if local and inverted else r
 
-    def _np_tangent_sums(self, un: np.ndarray, mu: np.ndarray, lmbda: np.ndarray, memo: Optional[list] = None):
+    def _np_tangent_sums(self, un: np.ndarray, mu: np.ndarray, lmbda: np.ndarray, memo: Optional[list] = None,
+                         exchange: bool = True):
         """Collective. The formulas of :meth:`_tangent_blocks` on simplices without autograd, from
         the owned dofs ``un``, summed straight into the matrix slots: ``(nnz + n_remote, dim, dim)`` (see
         :meth:`_np_finish_block_jacobian`); no ``(dim, dim, E, nv, nv)`` array is formed. Returns
-        them and this rank's inversion error (or None), raised on every rank by the values' check."""
-        F, det, Finv = self._np_kinematics(un, memo)
+        them and this rank's inversion error (or None), raised on every rank by the values' check;
+        ``exchange``: see :meth:`NonlinearProblem._np_extended_at`."""
+        F, det, Finv = self._np_kinematics(un, memo, exchange)
         err = self._inversion_error(det)
         G, w, L = self._np_data()
         d = F.shape[0]
@@ -402,9 +405,12 @@ class NeoHookean(NonlinearProblem):
         def residual_into(x: np.ndarray, out: np.ndarray) -> None:
             self._np_residual(x, mu, lmbda, True, out, memo)
 
+        def values(x: np.ndarray, exchange: bool):
+            V, err = self._np_tangent_sums(x, mu, lmbda, memo, exchange)
+            return self._np_block_values(V), err
+
         def tangent_values(x: np.ndarray) -> np.ndarray:
-            V, err = self._np_tangent_sums(x, mu, lmbda, memo)
-            return self._np_check_values(self._np_block_values(V), err)
+            return self._np_tangent_checked(x, memo, values)
         return residual_into, tangent_values
 
     @checked_collectively

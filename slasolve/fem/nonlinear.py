@@ -388,9 +388,43 @@ class NonlinearProblem:
         array the cell values are taken from; ``u`` itself on one rank)."""
         if self.comm.Get_size() > 1:
             bs = self.space.bs
-            u = np.concatenate([u, self.space.node_plan.forward_raw(torch.from_numpy(u.reshape(-1, bs)))
-                                .numpy().reshape(-1)])
+            u = np.concatenate([u, self.space.node_plan.forward_array(u.reshape(-1, bs)).reshape(-1)])
         return u
+
+    def _np_extended_at(self, u: np.ndarray, memo: Optional[list], exchange: bool = True) -> np.ndarray:
+        """Collective when ``exchange`` (else local). :meth:`_np_extended` of ``lift(u)``; without
+        ``exchange``, the ghost part is taken from ``memo``'s latest extended array (see
+        :func:`_recall`) instead: right only where no rank's owned dofs changed since, which
+        :meth:`_np_tangent_checked` decides."""
+        ul = self._np_lift(u)
+        if exchange or memo is None or memo[0] is None or self.comm.Get_size() == 1:
+            return self._np_extended(ul)
+        return np.concatenate([ul, memo[0][0][ul.shape[0]:]])
+
+    def _np_tangent_checked(self, x: np.ndarray, memo: Optional[list], values) -> np.ndarray:
+        """Collective. ``values(x, exchange)`` (a tangent's values and this rank's error, unchecked;
+        ``exchange`` as :meth:`_np_extended_at`) checked as :meth:`_np_check_values` does.
+
+        Newton evaluates its tangent where it evaluated its latest residual: the ghost values of
+        that residual's exchange, kept in ``memo``, are then this iterate's on every rank whose owned
+        dofs are unchanged, so the first attempt makes no forward exchange. Whether any rank's owned
+        dofs changed rides on the values' check (one reduction, as before); if one did, the values
+        (and errors, its floating-point warnings silenced) of that attempt are dropped and every rank
+        evaluates again with the exchange."""
+        if memo is None or memo[0] is None or self.comm.Get_size() == 1:
+            v, err = values(x, True)
+            return self._np_check_values(v, err)
+        ul = self._np_lift(x)
+        stale = not np.array_equal(ul, memo[0][0][:ul.shape[0]])
+        with np.errstate(all="ignore"):   # stale ghosts may overflow; real overflows raise below
+            v, err = values(x, False)
+        if err is None and not all_finite_np(v):
+            err = ValueError("the tangent has NaN or infinite values (the state or the coefficients "
+                             "overflow)")
+        if check_collective(self.comm, err, flag=stale, flag_voids_errors=True):
+            v, err = values(x, True)
+            return self._np_check_values(v, err)
+        return v
 
     def _np_cell_values(self, u: np.ndarray, lifted: bool = False, extended: bool = False) -> np.ndarray:
         """Collective. :meth:`cell_values` of ``lift(u)`` (``lifted``: ``u`` is already lifted;
@@ -419,8 +453,7 @@ class NonlinearProblem:
         n_owned = self.space.n_owned_nodes * bs
         owned = buf[:n_owned]
         if self.comm.Get_size() > 1:
-            ghost = torch.from_numpy(buf[n_owned:].reshape(-1, bs))
-            owned = owned + self.space.node_plan.reverse_raw(ghost).numpy().reshape(-1)
+            owned = owned + self.space.node_plan.reverse_array(buf[n_owned:].reshape(-1, bs)).reshape(-1)
         return owned
 
     def _np_finish_residual(self, u: np.ndarray, re: np.ndarray, out: Optional[np.ndarray] = None,
@@ -476,7 +509,7 @@ class NonlinearProblem:
         v = base + _sum_into(kept_slot, flat.take(kept), sp.nnz)
         if self.comm.Get_size() > 1:
             r = _sum_into(remote_slot, flat.take(remote), sp.n_remote)
-            r = sp.nnz_plan.reverse_raw(torch.from_numpy(r)).numpy()
+            r = sp.nnz_plan.reverse_array(r)
             v = v + np.where(zero, 0.0, r)
         return v
 
@@ -541,7 +574,7 @@ class NonlinearProblem:
         nnz = sp.nnz
         v = V[:nnz]
         if self.comm.Get_size() > 1:
-            v = v + sp.nnz_plan.reverse_raw(torch.from_numpy(V[nnz:])).numpy()
+            v = v + sp.nnz_plan.reverse_array(V[nnz:])
         if self.bc is not None:
             if self._np_masks is None:
                 zero, diag = self._dirichlet_masks(torch.float64)
@@ -810,13 +843,14 @@ class NonlinearDiffusion(NonlinearProblem):
                            np.ascontiguousarray(flat.reshape(E, nv).T))
         return self._LM_np
 
-    def _np_terms(self, u: np.ndarray, memo: Optional[list] = None):
+    def _np_terms(self, u: np.ndarray, memo: Optional[list] = None, exchange: bool = True):
         """Collective. :meth:`_simplex_terms` of the owned dofs ``u`` (lifted here) on the
         no-autograd path, laid out ``(nv, E)``: ``(M u, s, L u)`` (NumPy's elementwise loops then
         run over the E-long rows instead of nv-long ones, and no einsum is needed); ``L u`` is the
-        caller's to change. ``memo``: a one-entry list keeping the latest terms (see :func:`_recall`)."""
+        caller's to change. ``memo``: a one-entry list keeping the latest terms (see :func:`_recall`);
+        ``exchange``: see :meth:`_np_extended_at`."""
         L, Mt, cells = self._np_LM()
-        u = self._np_extended(self._np_lift(u))
+        u = self._np_extended_at(u, memo, exchange)
         hit = _recall(memo, u)
         if hit is not None:
             return hit[0], hit[1], hit[2].copy()
@@ -871,12 +905,15 @@ class NonlinearDiffusion(NonlinearProblem):
             Lu *= k * s
             self._np_finish_residual(x, Lu.T, out, ext if kept else False)
 
-        def tangent_values(x: np.ndarray) -> np.ndarray:
-            t, s, Lu = self._np_terms(x, memo)
+        def values(x: np.ndarray, exchange: bool):
+            t, s, Lu = self._np_terms(x, memo, exchange)
             Lu *= 2 * k
             Ke = L * (k * s)
             Ke += Lu[:, None, :] * t[None, :, :]
-            return self._np_check_values(self._np_scalar_values(Ke, True))
+            return self._np_scalar_values(Ke, True), None
+
+        def tangent_values(x: np.ndarray) -> np.ndarray:
+            return self._np_tangent_checked(x, memo, values)
         return residual_into, tangent_values
 
     @checked_collectively

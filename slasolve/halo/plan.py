@@ -91,6 +91,17 @@ class _Pending:
         self.layout, self.dtype, self.trailing, self.error = layout, dtype, trailing, error
 
 
+def _cpu_array(t) -> Optional[np.ndarray]:
+    """A NumPy view of a CPU tensor, or None (another device, a dtype NumPy lacks, not a tensor:
+    the tensor path handles and reports those)."""
+    if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+        try:
+            return t.detach().numpy()
+        except (TypeError, RuntimeError):
+            return None
+    return None
+
+
 class HaloPlan:
     """Collective (constructor). A reusable ghost-exchange schedule.
 
@@ -181,6 +192,7 @@ class HaloPlan:
         reqs += [self.comm.Isend(ghosts[a:b], dest=r, tag=_TAG_PLAN) for r, a, b in self._recv_slices]
         MPI.Request.Waitall(reqs)
         self._layouts: Dict[tuple, tuple] = {}
+        self._array_plans: Dict[tuple, tuple] = {}
         self.send_idx = torch.from_numpy(send_ids - start)
         self.n_send = int(send_ids.size)
         self._send_idx_np = self.send_idx.numpy()
@@ -362,11 +374,108 @@ class HaloPlan:
 
     def forward_raw(self, x_owned: torch.Tensor) -> torch.Tensor:
         """Collective. :meth:`forward` without autograd (start and finish in one call)."""
-        return self.finish(self.start_forward(x_owned))
+        xn = _cpu_array(x_owned)
+        if xn is None:
+            return self.finish(self.start_forward(x_owned))
+        return torch.from_numpy(self._exchange_array(xn, 0))
 
     def reverse_raw(self, g_ghost: torch.Tensor) -> torch.Tensor:
         """Collective. :meth:`reverse` without autograd (start and finish in one call)."""
-        return self.finish(self.start_reverse(g_ghost))
+        gn = _cpu_array(g_ghost)
+        if gn is None:
+            return self.finish(self.start_reverse(g_ghost))
+        return torch.from_numpy(self._exchange_array(gn, 1))
+
+    # -- NumPy exchanges (no torch, no autograd) ----------------------------
+    def forward_array(self, x_owned: np.ndarray) -> np.ndarray:
+        """Collective. :meth:`forward_raw` on NumPy arrays: ghost copies ``(n_ghost, ...)`` (a new
+        array) of the rows of ``x_owned`` ``(n_owned, ...)``.
+
+        The same messages, headers and errors as :meth:`forward_raw` (a rank whose ``x_owned`` is
+        not an array with ``n_owned`` rows sends poison and raises, its neighbours with it), with
+        no torch tensors and buffers kept per dtype and row shape: for callers that exchange small
+        NumPy arrays many times (the FEM layer's Newton kernels), where the per-call Python costs
+        more than the messages.
+        """
+        return self._exchange_array(x_owned, 0)
+
+    def reverse_array(self, g_ghost: np.ndarray) -> np.ndarray:
+        """Collective. :meth:`reverse_raw` on NumPy arrays: the owners' sums ``(n_owned, ...)`` (a new
+        array) of the ghost rows ``g_ghost`` ``(n_ghost, ...)``, added in the order
+        :meth:`reverse_raw` adds them (the same bits). Errors as :meth:`forward_array`."""
+        return self._exchange_array(g_ghost, 1)
+
+    def _array_plan(self, kind: int, dtype: np.dtype, trailing: tuple, poison: bool) -> tuple:
+        """The kept buffers of :meth:`_exchange_array`: the layout, the send buffer with its headers
+        written, each send segment's rows as a typed view, the receive buffer, and for a reverse
+        exchange the flat destinations of the received items (float64: ``bincount``'s)."""
+        key = (kind, dtype, trailing, poison)
+        ap = self._array_plans.get(key)
+        if ap is None:
+            lay = self._layout_for(kind, dtype, trailing, poison)
+            recv, nrecv, send, nsend, hdr = lay[:5]
+            sendbuf = np.empty(nsend, dtype=np.uint8)
+            rows = []
+            for r, a, b, o, e in send:
+                sendbuf[o:o + 16] = hdr
+                rows.append(None if poison else sendbuf[o + 16:e].view(dtype).reshape((b - a,) + trailing))
+            recvbuf = np.empty(nrecv, dtype=np.uint8)
+            dest = None
+            if kind == 1 and self.n_send:
+                width = math.prod(trailing)
+                dest = (self._send_idx_np[:, None] * width + np.arange(width)).reshape(-1)
+            ap = self._array_plans[key] = (lay, sendbuf, rows, recvbuf, dest)
+        return ap
+
+    def _exchange_array(self, a, kind: int) -> np.ndarray:
+        n_rows, what = (self.n_owned, "x_owned") if kind == 0 else (self.n_ghost, "g_ghost")
+        error = None
+        if not isinstance(a, np.ndarray):
+            error = TypeError(f"{what} must be a NumPy array, got {type(a).__name__}")
+        elif a.dtype.hasobject:
+            error = TypeError(f"{what} must hold numbers, got dtype {a.dtype}")
+        elif a.ndim < 1 or a.shape[0] != n_rows:
+            error = ValueError(f"{what} must have {n_rows} rows along dim 0, got shape {a.shape}")
+        if error is None:
+            dtype, trailing = a.dtype, a.shape[1:]
+        else:
+            dtype, trailing = np.dtype(np.float64), ()
+        with _log.phase("halo", _EV_START):
+            lay, sendbuf, rows, recvbuf, dest = self._array_plan(kind, dtype, trailing, error is not None)
+            comm, tag = self.comm, _TAG_FWD + kind
+            reqs = []
+            for (r, lo, hi, o, e), seg in zip(lay[2], rows):
+                if seg is not None:
+                    if kind == 0:
+                        np.take(a, self._send_idx_np[lo:hi], axis=0, out=seg)
+                    else:
+                        seg[...] = a[lo:hi]
+                reqs.append(comm.Isend([sendbuf[o:e], MPI.BYTE], dest=r, tag=tag))
+        with _log.phase("halo", _EV_FINISH):
+            problem = self._wait(_Pending(reqs, recvbuf, kind, None, None, lay, dtype, trailing, error))
+            if error is not None:
+                raise error
+            if problem is not None:
+                raise problem
+            recv = lay[0]
+            n = self.n_ghost if kind == 0 else self.n_send
+            if len(recv) == 1:
+                flat = recvbuf[16:]
+            elif recv:
+                flat = np.concatenate([recvbuf[lo + 16:hi] for _, lo, hi in recv])
+            else:
+                flat = recvbuf
+            got = flat.view(dtype).reshape((n,) + trailing)
+            if kind == 0:
+                return got.copy()
+            if dtype == np.float64 and dest is not None:
+                # bincount adds its weights in sequence from zero, as index_add_ does
+                return np.bincount(dest, weights=got.reshape(-1),
+                                   minlength=self.n_owned * math.prod(trailing)).reshape((self.n_owned,) + trailing)
+            out = np.zeros((self.n_owned,) + trailing, dtype=dtype)
+            if self.n_send:
+                np.add.at(out, self._send_idx_np, got)
+            return out
 
     # -- differentiable exchanges -------------------------------------------
     def forward(self, x_owned: torch.Tensor) -> torch.Tensor:
