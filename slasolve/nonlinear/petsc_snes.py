@@ -33,8 +33,9 @@ run the problem's NumPy kernels instead
 which write the residual straight into ``F``'s array and the tangent's values into the Mat's
 AIJ arrays, with no torch tensor and no layer of checks per call (81 unknowns: a residual or
 tangent in ~0.4x the methods' time, measured side by side); ``F(u0)`` and ``J(u0)`` too, by
-the kernels after one collective check of ``u0`` and the parameters
-(:meth:`slasolve.fem.NonlinearProblem.start_kernels`, as the methods check them).
+SNES's own first callbacks (as a raw petsc4py SNES on the same kernels) after one collective
+check of ``u0`` and the parameters (:meth:`slasolve.fem.NonlinearProblem.start_kernels`, as the
+methods check them), the SNES found by the kernels' template (the Jacobian's layout).
 Without a Jacobian, SNES runs matrix-free (``SNESSetUseMF``: PETSc's MFFD ``J v``, no
 preconditioner). Errors raised by slasolve's checks inside a callback are raised on
 every rank (the checks are collective), stop SNES and are re-raised from the solve.
@@ -291,6 +292,46 @@ class _Callbacks:
                 self.callback(int(its), float(fnorm))
 
 
+class _KernelCallbacks(_Callbacks):
+    """:class:`_Callbacks` of a solve whose residual and tangent are a :mod:`slasolve.fem` problem's
+    NumPy kernels (:meth:`Problem.start_kernels`) from ``u0`` on, ``u0``'s evaluations included (as
+    a raw petsc4py SNES on the same kernels): the residual straight into ``F``'s array, the tangent's
+    values into the Mat; no tensors, no checks beyond the kernels' own (collective)."""
+
+    def __init__(self, prob, progress, callback, kernels, csr, X, solver):
+        super().__init__(prob, torch.float64, progress, callback, None, None, None, csr, X, solver)
+        self.residual_into, self.tangent_values = kernels
+        self.writer = solver.writer
+
+    def function(self, snes, X, F) -> None:
+        self.evaluations += 1
+        x = X.getArray(readonly=True).copy()
+        f = F.getArray()
+        try:
+            self.prob.nfev += 1
+            self.residual_into(x, f)
+            self.last = (x, f.copy())   # NumPy: tensors only where snes_solve needs them
+        except Exception as e:   # the kernels' checks are collective: raised on every rank
+            self.error = self.error or e
+            raise
+        finally:
+            del f   # restores F's array (its state moves: PETSc recomputes its norm)
+
+    def jacobian(self, snes, X, J, P) -> None:
+        try:
+            self.prob.njev += 1
+            vals = self.tangent_values(X.getArray(readonly=True).copy())
+        except Exception as e:
+            self.error = self.error or e
+            raise
+        writer = self.writer
+        if writer is None or vals.size < _CSR_BELOW or not writer.write(torch.from_numpy(vals)):
+            P.setValuesCSR(self.csr[0], self.csr[1], vals, PETSc.InsertMode.INSERT_VALUES)
+        P.assemble()
+        if J.handle != P.handle:
+            J.assemble()
+
+
 class _Dispatch:
     """What the SNES calls back: the current solve's :class:`_Callbacks` (``cb``, None between
     solves, so a kept SNES holds neither the problem nor its parameters). It never refers to
@@ -416,13 +457,16 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     """Collective. One SNES solve from ``u0`` with the option entries ``extra`` on top of the
     defaults, on the SNES kept for the Jacobian's layout and these settings (made on a miss).
     ``r0_error``: this rank's problem with ``r0`` (a deferred check), raised on every rank
-    before SNES starts, by the check of the Jacobian at ``u0``. ``start``: ``(jacobian_at_u0, kernels)``
-    from :meth:`Problem.start_kernels` (``r0`` is its ``F(u0)``), or None."""
+    before SNES starts, by the check of the Jacobian at ``u0``. ``start``: ``(template, kernels)``
+    from :meth:`Problem.start_kernels` (``u0`` and the parameters checked on every rank; ``r0``
+    None): SNES evaluates at ``u0`` by the kernels too, the template naming the Jacobian's layout
+    and pattern; or None."""
     t0 = time.perf_counter()
     comm = prob.comm
-    # the Jacobian at u0 (handed to SNES's first Jacobian call) names the layout whose SNES is used
+    # the Jacobian at u0 (handed to SNES's first Jacobian call), or the kernels' template, names the
+    # layout whose SNES is used
     if start is not None:
-        J0 = start[0]()
+        J0 = start[0]
     elif use_jacobian:
         J0 = prob.jacobian(u0, pending=r0_error)   # u0: the tensor F(u0) was evaluated at
     else:
@@ -451,9 +495,18 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
             solver = J0._layout.cached("nonlinear_solvers", key, build, SNES_CACHE_SIZE)
     snes, X = solver.snes, solver.X
     X.setArray(u0.detach().to(torch.float64).cpu().numpy())
-    cb = _Callbacks(prob, u0.dtype, progress, callback, u0.detach(), r0, J0, solver.csr, X, solver)
-    if J0 is not None:   # F(u0) and J(u0) passed their checks
-        cb.kernels = prob.iterate_kernels() if start is None else start[1]
+    if start is not None and solver.csr is not None:
+        if solver.writer is False:   # collective: every rank's SNES is at the same point
+            from ..petsc import aij_value_writer
+            solver.writer = aij_value_writer(solver.Jmat, J0)
+        cb = _KernelCallbacks(prob, progress, callback, start[1], solver.csr, X, solver)
+    else:
+        cb = _Callbacks(prob, u0.dtype, progress, callback, u0.detach(), r0,
+                        None if start is not None else J0, solver.csr, X, solver)
+        if start is not None:   # not reached: the kernels' template is a CPU tensor
+            raise RuntimeError("slasolve internal: the kernels' template is not on the CPU")
+        if J0 is not None:   # F(u0) and J(u0) passed their checks
+            cb.kernels = prob.iterate_kernels()
     setup = time.perf_counter() - t0
     solver.calls.cb = cb
     ok = False
@@ -569,8 +622,8 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
     callbacks (collective checks, re-raised on every rank) or a rejected configuration. ``settings``: the call's
     :class:`slasolve.settings.Settings` (agreed by ``nonlinear_solve``), whose key selects the
     kept SNES. ``r0``: ``F(u0)`` from :meth:`Problem.residual_local`, or None with its problem
-    ``r0_error`` on this rank (raised on every rank before SNES starts); or, with ``start`` (the rest of
-    :meth:`Problem.start_kernels`' answer), the kernels' ``F(u0)``, checked."""
+    ``r0_error`` on this rank (raised on every rank before SNES starts); or None with ``start``
+    (:meth:`Problem.start_kernels`' answer: SNES evaluates at ``u0`` by the kernels)."""
     t0 = time.perf_counter()
     comm = prob.comm
     ls = dict(linear_solver)
@@ -590,6 +643,8 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
     # (one reduction decides and sums), else one more evaluation
     if fn is None:
         last = cb.last
+        if last is not None and isinstance(last[0], np.ndarray):   # the kernels' (float64)
+            last = (torch.from_numpy(last[0]), torch.from_numpy(last[1]))
         if last is not None and torch.equal(last[0], u):
             r = last[1].numpy() if last[1].dtype == torch.float64 else last[1].to(torch.float64).numpy()
             buf = np.array([float(np.dot(r, r)), 0.0])

@@ -246,11 +246,11 @@ def _newton(prob, u0, backend, settings, petsc_options, options_prefix, kw, chec
         from .petsc_snes import snes_solve
         # checked (shape, dtype) on every rank, collectively with the Jacobian at u0 (a deferred check)
         u0 = u0.detach()   # one tensor for F(u0) and J(u0): the latter's input checks are the former's
-        # a slasolve.fem problem's own methods: F(u0) and J(u0) by its kernels after one input check
+        # a slasolve.fem problem's own methods: SNES evaluates by its kernels from u0 on, after one input check
         start = prob.start_kernels(u0, checked=checked) if kw["use_jacobian"] else None
         if start is not None:
             return snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix,
-                              r0=start[0], start=start[1:], settings=settings, **kw)
+                              start=start, settings=settings, **kw)
         r0, r0_error = prob.residual_local(u0)
         return snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix, r0=r0,
                           r0_error=r0_error, settings=settings, **kw)
