@@ -80,6 +80,7 @@ _DEFAULT_ENTRIES = {"snes_divergence_tolerance": "-1", "pc_gamg_reuse_interpolat
 # of a forward); should a linear solve then fail, the whole solve is redone with GAMG rebuilt for
 # every tangent (these entries), so kept prolongators never cause a failure the rebuild avoids
 _REBUILD_ENTRIES = {"pc_gamg_reuse_interpolation": "false"}
+_EPS64 = float(np.finfo(np.float64).eps)
 
 
 def database_key(options_prefix: Optional[str]) -> tuple:
@@ -87,9 +88,23 @@ def database_key(options_prefix: Optional[str]) -> tuple:
     ``mat_*`` under ``options_prefix``), sorted: part of the kept SNES's key, so an entry set
     or removed between calls (``PETSc.Options().setValue``) gets a SNES configured with it.
     ``nonlinear_solve`` checks that every rank has the same."""
+    entries = PETSc.Options().getAll()
+    # the whole database unchanged since the latest call with this prefix: the same key (exact, no
+    # change counter needed: a dict comparison in C)
+    hit = _DATABASE_KEYS.get(options_prefix)
+    if hit is not None and hit[0] == entries:
+        return hit[1]
     head = options_prefix or ""
     names = tuple(head + p for p in ("snes_", "ksp_", "pc_", "mat_"))
-    return tuple(sorted((k, str(v)) for k, v in PETSc.Options().getAll().items() if k.startswith(names)))
+    key = tuple(sorted((k, str(v)) for k, v in entries.items() if k.startswith(names)))
+    if len(_DATABASE_KEYS) >= 8 and options_prefix not in _DATABASE_KEYS:
+        _DATABASE_KEYS.clear()
+    _DATABASE_KEYS[options_prefix] = (entries, key)
+    return key
+
+
+#: per options prefix: (the whole options database as PETSc.Options().getAll() gave it, its key)
+_DATABASE_KEYS: dict = {}
 
 
 def _linear_method_name(ksp_type: str) -> str:
@@ -261,8 +276,11 @@ class _Callbacks:
         return not bool(allreduce_max(self.prob.comm, torch.tensor([float(differs)]))[0])
 
     def _state(self, snes) -> tuple:
-        X, F = self.vecs if self.vecs is not None else (snes.getSolution(), snes.getFunction()[0])
-        return self.evaluations, X.handle, X.stateGet(), F.handle, F.stateGet()
+        if self.vecs is None:
+            X, F = snes.getSolution(), snes.getFunction()[0]
+            return self.evaluations, X.handle, X.stateGet(), F.handle, F.stateGet()
+        # SNES's own X and F (the Python objects SNES was given: their handles cannot change)
+        return self.evaluations, self.vecs[0].stateGet(), self.vecs[1].stateGet()
 
     def final_norm(self, snes, method: str, line: Optional[str]) -> Optional[float]:
         """Collective (no communication where PETSc has the norm cached). ``||F(u)||`` of SNES's
@@ -280,8 +298,10 @@ class _Callbacks:
         return float((self.vecs[1] if self.vecs is not None else snes.getFunction()[0]).norm())
 
     def monitor(self, snes, its, fnorm) -> None:
-        self.at_monitor = self._state(snes)
-        self.hist.append(float(fnorm))
+        vecs = self.vecs
+        self.at_monitor = self._state(snes) if vecs is None else \
+            (self.evaluations, vecs[0].stateGet(), vecs[1].stateGet())   # _state, inline (per step)
+        self.hist.append(fnorm)   # a Python float (petsc4py's)
         if its > 0:
             total = snes.getLinearSolveIterations()
             self.lits.append(int(total - self._last_lits))
@@ -298,8 +318,13 @@ class _KernelCallbacks(_Callbacks):
     a raw petsc4py SNES on the same kernels): the residual straight into ``F``'s array, the tangent's
     values into the Mat; no tensors, no checks beyond the kernels' own (collective)."""
 
-    def __init__(self, prob, progress, callback, kernels, csr, X, solver):
-        super().__init__(prob, torch.float64, progress, callback, None, None, None, csr, X, solver)
+    def __init__(self, prob, progress, callback, kernels, csr, X, solver):   # noqa: D107 - no super(): fewer fields
+        self.prob, self.dtype, self.csr, self.mat_slot = prob, torch.float64, csr, solver
+        self.error = self.last = self.at_monitor = self.last_objective = None
+        self.hist, self.lits = [], []
+        self._last_lits = self.evaluations = 0
+        self.progress, self.callback = progress, callback
+        self.vecs = (X, solver.F)
         self.residual_into, self.tangent_values = kernels
         self.writer = solver.writer
 
@@ -494,7 +519,8 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
             cache.pop(key, None)
             solver = J0._layout.cached("nonlinear_solvers", key, build, SNES_CACHE_SIZE)
     snes, X = solver.snes, solver.X
-    X.setArray(u0.detach().to(torch.float64).cpu().numpy())
+    X.setArray(u0.numpy() if u0.dtype == torch.float64 and u0.device.type == "cpu" and not u0.requires_grad
+               else u0.detach().to(torch.float64).cpu().numpy())
     if start is not None and solver.csr is not None:
         if solver.writer is False:   # collective: every rank's SNES is at the same point
             from ..petsc import aij_value_writer
@@ -514,8 +540,11 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
         # F(u0) and J(u0) passed their collective checks: SNES evaluates at its own iterates now
         prob.iterating = True
         try:
-            with torch.no_grad():   # the callbacks record no graph: one mode switch for all of them
+            if type(cb) is _KernelCallbacks and not prob.has_objective:   # NumPy kernels: no graph to record
                 snes.solve(None, X)
+            else:
+                with torch.no_grad():   # the callbacks record no graph: one mode switch for all of them
+                    snes.solve(None, X)
         except PETSc.Error:
             if cb.error is not None:
                 raise cb.error from None
@@ -525,7 +554,9 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
         code = snes.getConvergedReason()
         its = snes.getIterationNumber()
         fnorm = cb.final_norm(snes, solver.types[0], solver.line if solver.norms else None)
-        u = torch.from_numpy(X.getArray(readonly=True).copy()).to(u0.dtype)
+        u = torch.from_numpy(X.getArray(readonly=True).copy())
+        if u0.dtype != torch.float64:
+            u = u.to(u0.dtype)
         ok = True
     finally:
         solver.calls.cb = None
@@ -660,7 +691,7 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
     target = max(rtol * hist[0], atol)
     if reason.startswith("CONVERGED") and reason != "CONVERGED_SNORM_RELATIVE":
         # same norm as SNES's own test; the slack only absorbs rounding between the two evaluations
-        if math.isfinite(fn) and fn <= target * (1 + 1e-8) + 1e3 * torch.finfo(torch.float64).eps * hist[0]:
+        if math.isfinite(fn) and fn <= target * (1 + 1e-8) + 1e3 * _EPS64 * hist[0]:
             if reason not in ("CONVERGED_FNORM_ABS", "CONVERGED_FNORM_RELATIVE"):  # e.g. ksponly's CONVERGED_ITS
                 reason = "CONVERGED_FNORM_ABS" if atol > 0 and fn <= atol else "CONVERGED_FNORM_RELATIVE"
         else:
