@@ -171,9 +171,9 @@ class _Callbacks:
         self.csr = csr     # (indptr, indices) of the Mat in PETSc's int type, or None
         self.mat_slot = mat_slot   # the _Solver: its Jacobian Mat's value writer, made at the first refill
         self.error = None      # raised inside a callback on every rank (a collective check)
-        self.hist, self.lits = [], []
-        self._last_lits = 0
+        self.hist, self.totals = [], []   # ||F|| at each monitor call; SNES's linear iterations so far, each step
         self.progress, self.callback = progress, callback
+        self.report = bool(progress) or callback is not None
         # F(u0) and J(u0), already evaluated: used once each when SNES asks at exactly u0
         self.u0, self.r0, self.J0 = u0, r0, J0
         # SNES's solution Vec holding u0: (handle, state) right after u0 was written. SNES changes
@@ -303,13 +303,21 @@ class _Callbacks:
             (self.evaluations, vecs[0].stateGet(), vecs[1].stateGet())   # _state, inline (per step)
         self.hist.append(fnorm)   # a Python float (petsc4py's)
         if its > 0:
-            total = snes.getLinearSolveIterations()
-            self.lits.append(int(total - self._last_lits))
-            self._last_lits = total
-            if self.progress and snes.getComm().tompi4py().Get_rank() == 0:
-                print(f"  Newton {its:3d}  residual {fnorm:.3e}  ({self.lits[-1]} linear iterations)", flush=True)
-            if self.callback is not None:
-                self.callback(int(its), float(fnorm))
+            self.totals.append(snes.getLinearSolveIterations())
+            if self.report:
+                self._report(snes, its, fnorm)
+
+    def _report(self, snes, its, fnorm) -> None:
+        if self.progress and snes.getComm().tompi4py().Get_rank() == 0:
+            print(f"  Newton {its:3d}  residual {fnorm:.3e}  ({self.lits[-1]} linear iterations)", flush=True)
+        if self.callback is not None:
+            self.callback(int(its), float(fnorm))
+
+    @property
+    def lits(self) -> list:
+        """Local. The linear iterations of each Newton step (from SNES's running totals)."""
+        t = [0] + self.totals
+        return [int(b - a) for a, b in zip(t, t[1:])]
 
 
 class _KernelCallbacks(_Callbacks):
@@ -321,9 +329,10 @@ class _KernelCallbacks(_Callbacks):
     def __init__(self, prob, progress, callback, kernels, csr, X, solver):   # noqa: D107 - no super(): fewer fields
         self.prob, self.dtype, self.csr, self.mat_slot = prob, torch.float64, csr, solver
         self.error = self.last = self.at_monitor = self.last_objective = None
-        self.hist, self.lits = [], []
-        self._last_lits = self.evaluations = 0
+        self.hist, self.totals = [], []
+        self.evaluations = 0
         self.progress, self.callback = progress, callback
+        self.report = bool(progress) or callback is not None
         self.vecs = (X, solver.F)
         self.residual_into, self.tangent_values = kernels
         self.writer = solver.writer
@@ -506,7 +515,9 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     else:
         # every entry agrees across ranks (checked by nonlinear_solve): all ranks hit or miss alike;
         # a dropped SNES is destroyed by PETSc at the next garbage_cleanup, run before making one
-        key = settings.key() + (prob.n_local, options_key(ls), options_key(extra))
+        # ls is the settings' linear_solver (keyed) with its rtol default (from the agreed dtype and
+        # jacobian): the key needs only that rtol besides
+        key = settings.key() + (prob.n_local, repr(ls["rtol"]), options_key(extra) if extra else ())
         cache = J0._layout.cache("nonlinear_solvers")
 
         def build():
@@ -535,6 +546,7 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
             cb.kernels = prob.iterate_kernels()
     setup = time.perf_counter() - t0
     solver.calls.cb = cb
+    njev = prob.njev
     ok = False
     try:
         # F(u0) and J(u0) passed their collective checks: SNES evaluates at its own iterates now
@@ -564,6 +576,12 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
             solver.destroy()
         elif not ok:    # raised on every rank (collective checks): drop the SNES, whatever state it is in
             cache.pop(key, None)
+    if type(cb) is _KernelCallbacks and prob.njev == njev:
+        # SNES stopped before its first Jacobian (F(u0) not finite, converged at u0, maxiter 0): the
+        # tangent at u0 is evaluated all the same, as the methods' path does before SNES, so that
+        # its problems raise alike (on every rank: SNES's reason is global) and the counts agree
+        prob.njev += 1
+        cb.tangent_values(u0.numpy().copy())
     method, lm, pc = solver.types
     drop = None if cache is None else (lambda: cache.pop(key, None))
     kept = None if cache is None or solver.Jmat is None or solver.csr is None else KeptTangent(solver, J0._layout)
@@ -669,6 +687,7 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
             out.drop()
         out = _snes_run(*args, _REBUILD_ENTRIES, start=start)
     u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup, _, kept, fn = out
+    lits = cb.lits
     # the true residual of the returned u decides "converged": SNES's own ||F|| at u where its
     # Vecs hold F(u) (no reduction); else SNES's last evaluation when it was at u on every rank
     # (one reduction decides and sums), else one more evaluation
@@ -697,8 +716,8 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
         else:
             reason = "DIVERGED_MAX_IT" if its >= max_it or reason == "CONVERGED_ITS" else "DIVERGED_LOCAL_MIN"
     info = NonlinearInfo(converged=reason.startswith("CONVERGED"), reason=reason, iterations=int(its),
-                         residual_norm=fn, residual_history=hist, linear_iterations=sum(cb.lits),
-                         linear_iterations_per_step=cb.lits, method=method, backend="petsc",
+                         residual_norm=fn, residual_history=hist, linear_iterations=sum(lits),
+                         linear_iterations_per_step=lits, method=method, backend="petsc",
                          line_search=line, linear_method=_linear_method_name(lm) if use_jacobian
                          else f"{_linear_method_name(lm)} (matrix-free)", pc=pc,
                          rtol=float(rtol), atol=float(atol), stol=float(stol_), setup_time=setup,
