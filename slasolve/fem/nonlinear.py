@@ -277,23 +277,19 @@ class NonlinearProblem:
     def start_kernels(self, residual, jacobian, params: tuple, u: torch.Tensor, checked: bool = False):
         """Collective. For a nonlinear solver that starts at ``u`` with ``params`` and evaluates there
         by :meth:`iterate_kernels`' kernels too: ``u`` and the parameters checked in one collective
-        check, as the methods check them (a problem raises on every rank), then ``tangent(v)``: the
-        DSparseTensor the ``jacobian`` method returns with the kernels' tangent values ``v`` (checked
-        by them). After it :meth:`iterate_kernels` answers alike on every rank. None where the
-        kernels do not apply (decided from the methods and the types, alike on every rank; no
-        reduction): then call the methods. ``checked``: the caller had :meth:`start_error` answer
-        ``(True, error)`` and combined ``error`` into a collective check of its own, passed on every
-        rank: no check here."""
+        check, as the methods check them (a problem raises on every rank), then the template: the
+        DSparseTensor whose entries the kernels' tangent values are (the layout and pattern of what
+        the ``jacobian`` method returns; its values are not the tangent's). After it
+        :meth:`iterate_kernels` answers alike on every rank. None where the kernels do not apply
+        (decided from the methods and the types, alike on every rank; no reduction): then call the
+        methods. ``checked``: the caller had :meth:`start_error` answer ``(True, error)`` and
+        combined ``error`` into a collective check of its own, passed on every rank: no check here."""
         if not checked:
             applies, err = self.start_error(residual, jacobian, params, u)
             if not applies:
                 return None
             check_collective(self.comm, err)
-        template = self._kernel_template()
-
-        def tangent(v: np.ndarray) -> DSparseTensor:
-            return template._with_checked_values(torch.from_numpy(v))
-        return tangent
+        return self._kernel_template()
 
     def _kernel_coefs(self, residual, jacobian, params: tuple, errors: bool = False):
         """Local. The coefficients :meth:`iterate_kernels` makes its kernels with, or None where

@@ -33,8 +33,9 @@ run the problem's NumPy kernels instead
 which write the residual straight into ``F``'s array and the tangent's values into the Mat's
 AIJ arrays, with no torch tensor and no layer of checks per call (81 unknowns: a residual or
 tangent in ~0.4x the methods' time, measured side by side); ``F(u0)`` and ``J(u0)`` too, by
-the kernels after one collective check of ``u0`` and the parameters
-(:meth:`slasolve.fem.NonlinearProblem.start_kernels`, as the methods check them).
+SNES's own first callbacks (as a raw petsc4py SNES on the same kernels) after one collective
+check of ``u0`` and the parameters (:meth:`slasolve.fem.NonlinearProblem.start_kernels`, as the
+methods check them), the SNES found by the kernels' template (the Jacobian's layout).
 Without a Jacobian, SNES runs matrix-free (``SNESSetUseMF``: PETSc's MFFD ``J v``, no
 preconditioner). Errors raised by slasolve's checks inside a callback are raised on
 every rank (the checks are collective), stop SNES and are re-raised from the solve.
@@ -79,6 +80,7 @@ _DEFAULT_ENTRIES = {"snes_divergence_tolerance": "-1", "pc_gamg_reuse_interpolat
 # of a forward); should a linear solve then fail, the whole solve is redone with GAMG rebuilt for
 # every tangent (these entries), so kept prolongators never cause a failure the rebuild avoids
 _REBUILD_ENTRIES = {"pc_gamg_reuse_interpolation": "false"}
+_EPS64 = float(np.finfo(np.float64).eps)
 
 
 def database_key(options_prefix: Optional[str]) -> tuple:
@@ -86,9 +88,23 @@ def database_key(options_prefix: Optional[str]) -> tuple:
     ``mat_*`` under ``options_prefix``), sorted: part of the kept SNES's key, so an entry set
     or removed between calls (``PETSc.Options().setValue``) gets a SNES configured with it.
     ``nonlinear_solve`` checks that every rank has the same."""
+    entries = PETSc.Options().getAll()
+    # the whole database unchanged since the latest call with this prefix: the same key (exact, no
+    # change counter needed: a dict comparison in C)
+    hit = _DATABASE_KEYS.get(options_prefix)
+    if hit is not None and hit[0] == entries:
+        return hit[1]
     head = options_prefix or ""
     names = tuple(head + p for p in ("snes_", "ksp_", "pc_", "mat_"))
-    return tuple(sorted((k, str(v)) for k, v in PETSc.Options().getAll().items() if k.startswith(names)))
+    key = tuple(sorted((k, str(v)) for k, v in entries.items() if k.startswith(names)))
+    if len(_DATABASE_KEYS) >= 8 and options_prefix not in _DATABASE_KEYS:
+        _DATABASE_KEYS.clear()
+    _DATABASE_KEYS[options_prefix] = (entries, key)
+    return key
+
+
+#: per options prefix: (the whole options database as PETSc.Options().getAll() gave it, its key)
+_DATABASE_KEYS: dict = {}
 
 
 def _linear_method_name(ksp_type: str) -> str:
@@ -155,9 +171,9 @@ class _Callbacks:
         self.csr = csr     # (indptr, indices) of the Mat in PETSc's int type, or None
         self.mat_slot = mat_slot   # the _Solver: its Jacobian Mat's value writer, made at the first refill
         self.error = None      # raised inside a callback on every rank (a collective check)
-        self.hist, self.lits = [], []
-        self._last_lits = 0
+        self.hist, self.totals = [], []   # ||F|| at each monitor call; SNES's linear iterations so far, each step
         self.progress, self.callback = progress, callback
+        self.report = bool(progress) or callback is not None
         # F(u0) and J(u0), already evaluated: used once each when SNES asks at exactly u0
         self.u0, self.r0, self.J0 = u0, r0, J0
         # SNES's solution Vec holding u0: (handle, state) right after u0 was written. SNES changes
@@ -260,8 +276,11 @@ class _Callbacks:
         return not bool(allreduce_max(self.prob.comm, torch.tensor([float(differs)]))[0])
 
     def _state(self, snes) -> tuple:
-        X, F = self.vecs if self.vecs is not None else (snes.getSolution(), snes.getFunction()[0])
-        return self.evaluations, X.handle, X.stateGet(), F.handle, F.stateGet()
+        if self.vecs is None:
+            X, F = snes.getSolution(), snes.getFunction()[0]
+            return self.evaluations, X.handle, X.stateGet(), F.handle, F.stateGet()
+        # SNES's own X and F (the Python objects SNES was given: their handles cannot change)
+        return self.evaluations, self.vecs[0].stateGet(), self.vecs[1].stateGet()
 
     def final_norm(self, snes, method: str, line: Optional[str]) -> Optional[float]:
         """Collective (no communication where PETSc has the norm cached). ``||F(u)||`` of SNES's
@@ -279,16 +298,72 @@ class _Callbacks:
         return float((self.vecs[1] if self.vecs is not None else snes.getFunction()[0]).norm())
 
     def monitor(self, snes, its, fnorm) -> None:
-        self.at_monitor = self._state(snes)
-        self.hist.append(float(fnorm))
+        vecs = self.vecs
+        self.at_monitor = self._state(snes) if vecs is None else \
+            (self.evaluations, vecs[0].stateGet(), vecs[1].stateGet())   # _state, inline (per step)
+        self.hist.append(fnorm)   # a Python float (petsc4py's)
         if its > 0:
-            total = snes.getLinearSolveIterations()
-            self.lits.append(int(total - self._last_lits))
-            self._last_lits = total
-            if self.progress and snes.getComm().tompi4py().Get_rank() == 0:
-                print(f"  Newton {its:3d}  residual {fnorm:.3e}  ({self.lits[-1]} linear iterations)", flush=True)
-            if self.callback is not None:
-                self.callback(int(its), float(fnorm))
+            self.totals.append(snes.getLinearSolveIterations())
+            if self.report:
+                self._report(snes, its, fnorm)
+
+    def _report(self, snes, its, fnorm) -> None:
+        if self.progress and snes.getComm().tompi4py().Get_rank() == 0:
+            print(f"  Newton {its:3d}  residual {fnorm:.3e}  ({self.lits[-1]} linear iterations)", flush=True)
+        if self.callback is not None:
+            self.callback(int(its), float(fnorm))
+
+    @property
+    def lits(self) -> list:
+        """Local. The linear iterations of each Newton step (from SNES's running totals)."""
+        t = [0] + self.totals
+        return [int(b - a) for a, b in zip(t, t[1:])]
+
+
+class _KernelCallbacks(_Callbacks):
+    """:class:`_Callbacks` of a solve whose residual and tangent are a :mod:`slasolve.fem` problem's
+    NumPy kernels (:meth:`Problem.start_kernels`) from ``u0`` on, ``u0``'s evaluations included (as
+    a raw petsc4py SNES on the same kernels): the residual straight into ``F``'s array, the tangent's
+    values into the Mat; no tensors, no checks beyond the kernels' own (collective)."""
+
+    def __init__(self, prob, progress, callback, kernels, csr, X, solver):   # noqa: D107 - no super(): fewer fields
+        self.prob, self.dtype, self.csr, self.mat_slot = prob, torch.float64, csr, solver
+        self.error = self.last = self.at_monitor = self.last_objective = None
+        self.hist, self.totals = [], []
+        self.evaluations = 0
+        self.progress, self.callback = progress, callback
+        self.report = bool(progress) or callback is not None
+        self.vecs = (X, solver.F)
+        self.residual_into, self.tangent_values = kernels
+        self.writer = solver.writer
+
+    def function(self, snes, X, F) -> None:
+        self.evaluations += 1
+        x = X.getArray(readonly=True).copy()
+        f = F.getArray()
+        try:
+            self.prob.nfev += 1
+            self.residual_into(x, f)
+            self.last = (x, f.copy())   # NumPy: tensors only where snes_solve needs them
+        except Exception as e:   # the kernels' checks are collective: raised on every rank
+            self.error = self.error or e
+            raise
+        finally:
+            del f   # restores F's array (its state moves: PETSc recomputes its norm)
+
+    def jacobian(self, snes, X, J, P) -> None:
+        try:
+            self.prob.njev += 1
+            vals = self.tangent_values(X.getArray(readonly=True).copy())
+        except Exception as e:
+            self.error = self.error or e
+            raise
+        writer = self.writer
+        if writer is None or vals.size < _CSR_BELOW or not writer.write(torch.from_numpy(vals)):
+            P.setValuesCSR(self.csr[0], self.csr[1], vals, PETSc.InsertMode.INSERT_VALUES)
+        P.assemble()
+        if J.handle != P.handle:
+            J.assemble()
 
 
 class _Dispatch:
@@ -416,13 +491,16 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     """Collective. One SNES solve from ``u0`` with the option entries ``extra`` on top of the
     defaults, on the SNES kept for the Jacobian's layout and these settings (made on a miss).
     ``r0_error``: this rank's problem with ``r0`` (a deferred check), raised on every rank
-    before SNES starts, by the check of the Jacobian at ``u0``. ``start``: ``(jacobian_at_u0, kernels)``
-    from :meth:`Problem.start_kernels` (``r0`` is its ``F(u0)``), or None."""
+    before SNES starts, by the check of the Jacobian at ``u0``. ``start``: ``(template, kernels)``
+    from :meth:`Problem.start_kernels` (``u0`` and the parameters checked on every rank; ``r0``
+    None): SNES evaluates at ``u0`` by the kernels too, the template naming the Jacobian's layout
+    and pattern; or None."""
     t0 = time.perf_counter()
     comm = prob.comm
-    # the Jacobian at u0 (handed to SNES's first Jacobian call) names the layout whose SNES is used
+    # the Jacobian at u0 (handed to SNES's first Jacobian call), or the kernels' template, names the
+    # layout whose SNES is used
     if start is not None:
-        J0 = start[0]()
+        J0 = start[0]
     elif use_jacobian:
         J0 = prob.jacobian(u0, pending=r0_error)   # u0: the tensor F(u0) was evaluated at
     else:
@@ -437,7 +515,9 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     else:
         # every entry agrees across ranks (checked by nonlinear_solve): all ranks hit or miss alike;
         # a dropped SNES is destroyed by PETSc at the next garbage_cleanup, run before making one
-        key = settings.key() + (prob.n_local, options_key(ls), options_key(extra))
+        # ls is the settings' linear_solver (keyed) with its rtol default (from the agreed dtype and
+        # jacobian): the key needs only that rtol besides
+        key = settings.key() + (prob.n_local, repr(ls["rtol"]), options_key(extra) if extra else ())
         cache = J0._layout.cache("nonlinear_solvers")
 
         def build():
@@ -450,19 +530,33 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
             cache.pop(key, None)
             solver = J0._layout.cached("nonlinear_solvers", key, build, SNES_CACHE_SIZE)
     snes, X = solver.snes, solver.X
-    X.setArray(u0.detach().to(torch.float64).cpu().numpy())
-    cb = _Callbacks(prob, u0.dtype, progress, callback, u0.detach(), r0, J0, solver.csr, X, solver)
-    if J0 is not None:   # F(u0) and J(u0) passed their checks
-        cb.kernels = prob.iterate_kernels() if start is None else start[1]
+    X.setArray(u0.numpy() if u0.dtype == torch.float64 and u0.device.type == "cpu" and not u0.requires_grad
+               else u0.detach().to(torch.float64).cpu().numpy())
+    if start is not None and solver.csr is not None:
+        if solver.writer is False:   # collective: every rank's SNES is at the same point
+            from ..petsc import aij_value_writer
+            solver.writer = aij_value_writer(solver.Jmat, J0)
+        cb = _KernelCallbacks(prob, progress, callback, start[1], solver.csr, X, solver)
+    else:
+        cb = _Callbacks(prob, u0.dtype, progress, callback, u0.detach(), r0,
+                        None if start is not None else J0, solver.csr, X, solver)
+        if start is not None:   # not reached: the kernels' template is a CPU tensor
+            raise RuntimeError("slasolve internal: the kernels' template is not on the CPU")
+        if J0 is not None:   # F(u0) and J(u0) passed their checks
+            cb.kernels = prob.iterate_kernels()
     setup = time.perf_counter() - t0
     solver.calls.cb = cb
+    njev = prob.njev
     ok = False
     try:
         # F(u0) and J(u0) passed their collective checks: SNES evaluates at its own iterates now
         prob.iterating = True
         try:
-            with torch.no_grad():   # the callbacks record no graph: one mode switch for all of them
+            if type(cb) is _KernelCallbacks and not prob.has_objective:   # NumPy kernels: no graph to record
                 snes.solve(None, X)
+            else:
+                with torch.no_grad():   # the callbacks record no graph: one mode switch for all of them
+                    snes.solve(None, X)
         except PETSc.Error:
             if cb.error is not None:
                 raise cb.error from None
@@ -472,7 +566,9 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
         code = snes.getConvergedReason()
         its = snes.getIterationNumber()
         fnorm = cb.final_norm(snes, solver.types[0], solver.line if solver.norms else None)
-        u = torch.from_numpy(X.getArray(readonly=True).copy()).to(u0.dtype)
+        u = torch.from_numpy(X.getArray(readonly=True).copy())
+        if u0.dtype != torch.float64:
+            u = u.to(u0.dtype)
         ok = True
     finally:
         solver.calls.cb = None
@@ -480,6 +576,12 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
             solver.destroy()
         elif not ok:    # raised on every rank (collective checks): drop the SNES, whatever state it is in
             cache.pop(key, None)
+    if type(cb) is _KernelCallbacks and prob.njev == njev:
+        # SNES stopped before its first Jacobian (F(u0) not finite, converged at u0, maxiter 0): the
+        # tangent at u0 is evaluated all the same, as the methods' path does before SNES, so that
+        # its problems raise alike (on every rank: SNES's reason is global) and the counts agree
+        prob.njev += 1
+        cb.tangent_values(u0.numpy().copy())
     method, lm, pc = solver.types
     drop = None if cache is None else (lambda: cache.pop(key, None))
     kept = None if cache is None or solver.Jmat is None or solver.csr is None else KeptTangent(solver, J0._layout)
@@ -569,8 +671,8 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
     callbacks (collective checks, re-raised on every rank) or a rejected configuration. ``settings``: the call's
     :class:`slasolve.settings.Settings` (agreed by ``nonlinear_solve``), whose key selects the
     kept SNES. ``r0``: ``F(u0)`` from :meth:`Problem.residual_local`, or None with its problem
-    ``r0_error`` on this rank (raised on every rank before SNES starts); or, with ``start`` (the rest of
-    :meth:`Problem.start_kernels`' answer), the kernels' ``F(u0)``, checked."""
+    ``r0_error`` on this rank (raised on every rank before SNES starts); or None with ``start``
+    (:meth:`Problem.start_kernels`' answer: SNES evaluates at ``u0`` by the kernels)."""
     t0 = time.perf_counter()
     comm = prob.comm
     ls = dict(linear_solver)
@@ -585,11 +687,14 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
             out.drop()
         out = _snes_run(*args, _REBUILD_ENTRIES, start=start)
     u, reason, its, line, cb, method, lm, pc, (rtol, atol, stol_, max_it), setup, _, kept, fn = out
+    lits = cb.lits
     # the true residual of the returned u decides "converged": SNES's own ||F|| at u where its
     # Vecs hold F(u) (no reduction); else SNES's last evaluation when it was at u on every rank
     # (one reduction decides and sums), else one more evaluation
     if fn is None:
         last = cb.last
+        if last is not None and isinstance(last[0], np.ndarray):   # the kernels' (float64)
+            last = (torch.from_numpy(last[0]), torch.from_numpy(last[1]))
         if last is not None and torch.equal(last[0], u):
             r = last[1].numpy() if last[1].dtype == torch.float64 else last[1].to(torch.float64).numpy()
             buf = np.array([float(np.dot(r, r)), 0.0])
@@ -605,14 +710,14 @@ def snes_solve(prob, u0, *, rtol, atol, stol, maxiter, line_search, linear_solve
     target = max(rtol * hist[0], atol)
     if reason.startswith("CONVERGED") and reason != "CONVERGED_SNORM_RELATIVE":
         # same norm as SNES's own test; the slack only absorbs rounding between the two evaluations
-        if math.isfinite(fn) and fn <= target * (1 + 1e-8) + 1e3 * torch.finfo(torch.float64).eps * hist[0]:
+        if math.isfinite(fn) and fn <= target * (1 + 1e-8) + 1e3 * _EPS64 * hist[0]:
             if reason not in ("CONVERGED_FNORM_ABS", "CONVERGED_FNORM_RELATIVE"):  # e.g. ksponly's CONVERGED_ITS
                 reason = "CONVERGED_FNORM_ABS" if atol > 0 and fn <= atol else "CONVERGED_FNORM_RELATIVE"
         else:
             reason = "DIVERGED_MAX_IT" if its >= max_it or reason == "CONVERGED_ITS" else "DIVERGED_LOCAL_MIN"
     info = NonlinearInfo(converged=reason.startswith("CONVERGED"), reason=reason, iterations=int(its),
-                         residual_norm=fn, residual_history=hist, linear_iterations=sum(cb.lits),
-                         linear_iterations_per_step=cb.lits, method=method, backend="petsc",
+                         residual_norm=fn, residual_history=hist, linear_iterations=sum(lits),
+                         linear_iterations_per_step=lits, method=method, backend="petsc",
                          line_search=line, linear_method=_linear_method_name(lm) if use_jacobian
                          else f"{_linear_method_name(lm)} (matrix-free)", pc=pc,
                          rtol=float(rtol), atol=float(atol), stol=float(stol_), setup_time=setup,

@@ -106,40 +106,30 @@ class Problem:
         return make(self._residual, self._jacobian, self.params, u0)
 
     def start_kernels(self, u0: torch.Tensor, checked: bool = False):
-        """Collective. ``F(u0)``, the Jacobian at ``u0`` and the kernels for the solver's own iterates
-        by the NumPy kernels of the residual's owner (:meth:`slasolve.fem.NonlinearProblem.start_kernels`:
-        ``u0`` and the parameters checked in one collective check instead of the methods' checks, the
-        cell data shared by the two evaluations): ``(r0, jacobian_at_u0, kernels)`` with
-        ``jacobian_at_u0()`` the Jacobian at ``u0`` (Collective; counted as an evaluation; call it once
-        per SNES run) and ``kernels`` as :meth:`iterate_kernels` gives them; or None (then evaluate by
-        :meth:`residual_local` and :meth:`jacobian`), decided as :meth:`iterate_kernels` is, alike on
-        every rank. A problem with ``u0`` or the parameters raises on every rank, as the methods'.
-        ``checked``: :meth:`start_error` said the kernels apply, and its error was combined into a
-        collective check that passed on every rank (no check here)."""
+        """Collective. For a solver that evaluates ``F`` and the Jacobian by the NumPy kernels of the
+        residual's owner from ``u0`` on (:meth:`slasolve.fem.NonlinearProblem.start_kernels`: ``u0``
+        and the parameters checked in one collective check instead of the methods' checks):
+        ``(template, kernels)``, ``template`` the DSparseTensor whose entries the kernels' tangent
+        values are (the Jacobian's layout and pattern) and ``kernels`` as :meth:`iterate_kernels`
+        gives them; or None (then evaluate by :meth:`residual_local` and :meth:`jacobian`), decided
+        as :meth:`iterate_kernels` is, alike on every rank. A problem with ``u0`` or the parameters
+        raises on every rank, as the methods'. ``checked``: :meth:`start_error` said the kernels
+        apply, and its error was combined into a collective check that passed on every rank (no
+        check here). Nothing is evaluated (nor counted) here."""
         if not self._one_owner or self.dtype != torch.float64:
             return None
         make = getattr(self._residual.__self__, "start_kernels", None)
         if make is None:
             return None
-        tangent = make(self._residual, self._jacobian, self.params, u0, checked=checked)   # the collective check
-        if tangent is None:
+        template = make(self._residual, self._jacobian, self.params, u0, checked=checked)   # the collective check
+        if template is None:
             return None
         kernels = self.iterate_kernels()   # decided alike now: the inputs passed on every rank
         if kernels is None:   # not reached: the check asked what the kernels are made of
             raise RuntimeError("slasolve internal: start_kernels passed without iterate_kernels")
-        residual_into, tangent_values = kernels
-        x = u0.detach().numpy().copy()
-        r = np.empty_like(x)
-        self.nfev += 1
-        residual_into(x, r)
-
-        def jacobian_at_u0() -> DSparseTensor:
-            self.njev += 1
-            J = tangent(tangent_values(x))
-            if self._pattern is None:
-                self._pattern = (J._layout, J.local.indptr, J.local.indices, J.comm)
-            return J
-        return torch.from_numpy(r), jacobian_at_u0, kernels
+        if self._pattern is None:
+            self._pattern = (template._layout, template.local.indptr, template.local.indices, template.comm)
+        return template, kernels
 
     def without_objective(self) -> "Problem":
         """Local. The same residual, Jacobian and parameters without an objective; its call

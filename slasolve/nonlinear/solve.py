@@ -42,6 +42,19 @@ _LINEAR_KEYS = ("method", "pc", "rtol", "atol", "maxiter", "restart", "near_null
 _LINEAR_METHODS = tuple(KRYLOV_METHODS) + ("direct",)
 
 
+_SNES_MODULE = [None]
+
+
+def _snes_module():
+    """Local. :mod:`slasolve.nonlinear.petsc_snes`, imported at its first use (it needs petsc4py:
+    ImportError without it) and kept (a relative import per call runs importlib's Python code)."""
+    mod = _SNES_MODULE[0]
+    if mod is None:
+        from . import petsc_snes as mod
+        _SNES_MODULE[0] = mod
+    return mod
+
+
 def _is_dsparse(p) -> bool:
     from ..dsparse import DSparseTensor
     return isinstance(p, DSparseTensor)
@@ -243,14 +256,14 @@ def _newton(prob, u0, backend, settings, petsc_options, options_prefix, kw, chec
     None on the torch backend). ``checked``: ``prob.start_error(u0)`` said the kernels apply and its
     error passed the caller's collective check on every rank."""
     if backend == "petsc":
-        from .petsc_snes import snes_solve
+        snes_solve = _snes_module().snes_solve
         # checked (shape, dtype) on every rank, collectively with the Jacobian at u0 (a deferred check)
         u0 = u0.detach()   # one tensor for F(u0) and J(u0): the latter's input checks are the former's
-        # a slasolve.fem problem's own methods: F(u0) and J(u0) by its kernels after one input check
+        # a slasolve.fem problem's own methods: SNES evaluates by its kernels from u0 on, after one input check
         start = prob.start_kernels(u0, checked=checked) if kw["use_jacobian"] else None
         if start is not None:
             return snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix,
-                              r0=start[0], start=start[1:], settings=settings, **kw)
+                              start=start, settings=settings, **kw)
         r0, r0_error = prob.residual_local(u0)
         return snes_solve(prob, u0, petsc_options=petsc_options, options_prefix=options_prefix, r0=r0,
                           r0_error=r0_error, settings=settings, **kw)
@@ -428,8 +441,7 @@ def nonlinear_solve(residual: Callable, u0: torch.Tensor, *params, jacobian: Opt
     database = None
     if backend == "petsc" and err is None:
         try:  # the kept SNES is keyed on them: every rank must read the same
-            from .petsc_snes import database_key
-            database = database_key(options_prefix)
+            database = _snes_module().database_key(options_prefix)
         except ImportError:   # raised by the solve below, on every rank
             pass
     settings = NONLINEAR_SETTINGS.bind(
