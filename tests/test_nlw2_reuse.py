@@ -21,6 +21,16 @@ def _max(comm, t):
     return comm.allreduce(float(t.abs().max()) if t.numel() else 0.0, op=MPI.MAX)
 
 
+def _same_run(comm, u, info, ref, iref) -> bool:
+    """Two solves of the same problem from the same start: bit for bit on one rank; to rounding on
+    several, where the direct solver (MUMPS) need not repeat itself bit for bit."""
+    if comm.size == 1:
+        return info.residual_history == iref.residual_history and torch.equal(u, ref)
+    h, href = torch.tensor(info.residual_history), torch.tensor(iref.residual_history)
+    return (h.shape == href.shape and float((h - href).abs().max()) <= 1e-10 * float(href[0])
+            and _max(comm, u - ref) <= 1e-12 * max(_max(comm, ref), 1e-300))
+
+
 def _methods(P):
     """The problem's methods behind lambdas: no kernels, every evaluation through the methods."""
     return (lambda v, *p: P.residual(v, *p)), (lambda v, *p: P.jacobian(v, *p))
@@ -89,7 +99,7 @@ def test_u0_of_another_layout_or_dtype(comm):
     wide = torch.zeros(2 * sp.n_owned_dofs, dtype=F64)
     u, info = slasolve.nonlinear_solve(P.residual, wide[::2], jacobian=P.jacobian, rtol=1e-10,
                                        linear_solver=LU, return_info=True)
-    assert info.residual_history == iref.residual_history and torch.equal(u, ref)
+    assert _same_run(comm, u, info, ref, iref)
     # a nonzero start given as a strided view is the start SNES gets
     start = 0.1 * torch.ones(sp.n_owned_dofs, dtype=F64)
     wide[::2] = start
@@ -102,8 +112,9 @@ def test_u0_of_another_layout_or_dtype(comm):
     with pytest.raises(Exception):
         slasolve.nonlinear_solve(P.residual, sp.zeros().to(torch.float32), jacobian=P.jacobian,
                                  linear_solver=LU)
-    u2 = slasolve.nonlinear_solve(P.residual, sp.zeros(), jacobian=P.jacobian, rtol=1e-10, linear_solver=LU)
-    assert torch.equal(u2, ref)
+    u2, i2 = slasolve.nonlinear_solve(P.residual, sp.zeros(), jacobian=P.jacobian, rtol=1e-10, linear_solver=LU,
+                                      return_info=True)
+    assert _same_run(comm, u2, i2, ref, iref)
 
 
 @pytest.mark.parametrize("kw", [dict(maxiter=0, raise_on_fail=False), dict(atol=10.0)])
