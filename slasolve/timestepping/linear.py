@@ -63,25 +63,36 @@ class _SolveChecks:
     solves, as ``slasolve.direct`` checks every solve, and whether the source raised on this
     rank, reduced in batches: every rank records the same number of solves and source calls, so
     every rank reduces (and raises) at the same calls. ``what``: the factorisation, or None when
-    the solves are Krylov solves (they check themselves; only the source's errors are kept)."""
+    the solves are Krylov solves (they check themselves; only the source's errors are kept).
+
+    The maxima go into one buffer made once: a small tensor kept per solve until the flush
+    would sit between the steps' freed vectors in the heap (which this PETSc build never trims:
+    ``bench/memory_probe.py``), so a step's vectors could not reuse the space of the last step's:
+    up to ``CHECK_BATCH`` states' worth of heap (17 MiB at 4,225 unknowns) for 24 bytes a solve."""
 
     def __init__(self, comm, what: Optional[str]):
         self.comm, self.what = comm, what
-        self.local: list = []
-        self.norms: list = []
+        self.batch = CHECK_BATCH
+        self.local = torch.zeros((self.batch, 3), dtype=torch.float64)
+        self.norms = [0.0] * self.batch
+        self.n = 0             # solves recorded since the last flush (<= records)
         self.error: Optional[BaseException] = None
         self.records = 0       # solves and source calls since the last flush (the same on every rank)
 
     def add(self, r: torch.Tensor, x: torch.Tensor, b: torch.Tensor, anorm: float) -> None:
-        with torch.no_grad():
-            # NaN propagates through amax, inf through abs: a non-finite vector gives a non-finite maximum
-            self.local.append(torch.stack([r, x, b]).abs().amax(1) if r.numel() else r.new_zeros(3))
-        self.norms.append(anorm)
+        if r.numel():
+            with torch.no_grad():
+                # NaN propagates through amax, inf through abs: a non-finite vector gives a non-finite maximum
+                self.local[self.n] = torch.stack([r, x, b]).abs().amax(1)
+        else:
+            self.local[self.n] = 0.0
+        self.norms[self.n] = anorm
+        self.n += 1
         self._count()
 
     def _count(self) -> None:
         self.records += 1
-        if self.records >= CHECK_BATCH:
+        if self.records >= self.batch:
             self.flush()
 
     def guarded(self, fn: Callable) -> Callable:
@@ -115,14 +126,13 @@ class _SolveChecks:
             return
         self.records = 0
         from ..direct import BACKWARD_ERROR_TOL, FactorizationError
-        loc = torch.nan_to_num(torch.stack(self.local).to(torch.float64), nan=math.inf) if self.local else \
-            torch.zeros((0, 3), dtype=torch.float64)
+        n, self.n = self.n, 0
+        loc = torch.nan_to_num(self.local[:n], nan=math.inf)
         shape = loc.shape
         # the source's failure flag rides on the same reduction
         flat = torch.cat([loc.reshape(-1), torch.tensor([0.0 if self.error is None else 1.0], dtype=torch.float64)])
         glob = allreduce_max(self.comm, flat)
-        anorm = torch.tensor(self.norms, dtype=torch.float64)
-        self.local, self.norms = [], []
+        anorm = torch.tensor(self.norms[:n], dtype=torch.float64)
         if float(glob[-1]) > 0:
             err, self.error = self.error, None
             raise_collected(self.comm, err, allreduce_int(self.comm, 0 if err is None else 1))
@@ -747,11 +757,18 @@ class LinearTimeProblem:
         dt = self._dt
         with torch.enable_grad():
             ps = [p.detach().requires_grad_(True) if w else p for p, w in zip(params, want_params)]
-            fs = [self._f(t0 + m * dt, ps) for m in levels]
+            # each f(t_m) dropped once dotted (the dot keeps c_m, not f): one vector live, not a batch
+            dots, failed = [], False
+            for m, c in zip(levels, cots):
+                f = self._f(t0 + m * dt, ps)
+                if f is None:
+                    failed = True
+                elif not failed:
+                    dots.append(torch.dot(f, c.to(f.dtype)))
             leaves = [p for p, w in zip(ps, want_params) if w]
             grads = [None] * len(leaves)
-            if all(f is not None for f in fs):
-                s = torch.stack([torch.dot(f, c.to(f.dtype)) for f, c in zip(fs, cots)]).sum()
+            if not failed:
+                s = torch.stack(dots).sum()
                 if s.requires_grad:
                     try:
                         grads = torch.autograd.grad(s, leaves, allow_unused=True)
