@@ -13,7 +13,7 @@ every step, forward and adjoint. The adjoint of a step is one transposed solve w
 ``A`` and products with ``M^T``, ``K^T``: no forward solve is repeated.
 
 Per step, one halo exchange serves both matrices: ``M`` and ``K`` share a pattern, so their
-rows are interleaved into one ``2N x N`` row shard whose product is ``(M u, K u)`` (and
+rows are stacked into one ``2N x N`` row shard whose product is ``(M u, K u)`` (and
 ``(M^T mu, K^T mu)`` when both are exactly symmetric), and ``(M u_n, K u_n)``, computed after
 the solve for ``u_n``, serve the next step's right-hand side. With
 ``method="direct"`` the factors are those of values this problem owns (formed in
@@ -26,7 +26,8 @@ source until then), so a source call costs no collective of its own.
 
 The adjoint batches what the forward does not pay: the source's vector-Jacobian products are
 summed per time level (Crank-Nicolson reads ``f(t_m)`` in steps ``m - 1`` and ``m``) and made
-``ADJOINT_BATCH`` levels per autograd call, and the gradients of ``M``'s and ``K``'s values
+``ADJOINT_BATCH`` levels per autograd call (fewer where the pending cotangents would pass
+``VALUE_GRAD_ENTRIES`` entries per rank: 32 MiB), and the gradients of ``M``'s and ``K``'s values
 ``ADJOINT_BATCH`` steps per halo exchange. ``backend="scipy"`` on several ranks factorises the
 gathered step matrix on every rank (small problems): the forward and adjoint steps run on whole
 vectors, the source gathered ``ADJOINT_BATCH`` levels at a time, instead of a distributed
@@ -53,7 +54,8 @@ CHECK_BATCH = 256
 #: adjoint steps whose source vector-Jacobian products (one autograd call) and value gradients of
 #: ``M`` and ``K`` (one halo exchange) are made together
 ADJOINT_BATCH = 32
-#: the most ``batch x nnz`` entries of the batched value gradients' temporaries (32 MiB of float64)
+#: the most ``batch x nnz`` entries of the batched value gradients' temporaries (32 MiB of float64),
+#: and about the most ``batch x rows`` entries of a rank's pending source cotangents
 VALUE_GRAD_ENTRIES = 1 << 22
 
 
@@ -158,30 +160,24 @@ class _SolveChecks:
 
 class _Paired:
     """Collective (constructor). ``M`` and ``K`` (one pattern, scalar entries) as one
-    ``2N x N`` row shard ``W`` whose rows ``2i``, ``2i + 1`` are row ``i`` of ``M`` and of ``K``:
-    ``W u`` is ``(M u, K u)`` interleaved, one halo exchange and one CSR product for both."""
+    ``2N x N`` row shard ``W``: each rank's ``n`` rows of ``M`` then its ``n`` rows of ``K``
+    (rank ``r``'s block of ``W``'s rows is ``[2 r0, 2 r1)``), so ``W u`` is ``(M u, K u)``, one
+    halo exchange and one CSR product for both. ``W``'s local arrays are those of ``M`` twice,
+    concatenated: no position arrays are kept, and a refill is one concatenation."""
 
     def __init__(self, Md: DSparseTensor, Kd: DSparseTensor):
         indptr, indices, _ = Md.local_rows_csr()
-        n, nnz = indptr.numel() - 1, indices.numel()
-        counts = indptr[1:] - indptr[:-1]
-        wptr = torch.zeros(2 * n + 1, dtype=torch.int64, device=indptr.device)
-        wptr[1:] = torch.cumsum(torch.repeat_interleave(counts, 2), 0)
-        row = torch.repeat_interleave(torch.arange(n, device=indptr.device), counts)
-        within = torch.arange(nnz, device=indptr.device) - indptr[row]
-        self.pos_m, self.pos_k = wptr[2 * row] + within, wptr[2 * row + 1] + within
-        widx = torch.empty(2 * nnz, dtype=indices.dtype, device=indices.device)
-        widx[self.pos_m], widx[self.pos_k] = indices, indices
+        nnz = indices.numel()
+        wptr = torch.cat([indptr, indptr[1:] + nnz])
+        widx = torch.cat([indices, indices])
         N = Md.global_shape[0]
         # rows already sorted per row (those of M): from_local_rows keeps the arrays as given
         self.W = DSparseTensor.from_local_rows(wptr, widx, self._values(Md, Kd), (2 * N, N), Md.comm,
                                                n_local_cols=Md.n_local)
 
-    def _values(self, Md: DSparseTensor, Kd: DSparseTensor) -> torch.Tensor:
-        m = Md.values
-        w = m.new_empty(2 * m.shape[0])
-        w[self.pos_m], w[self.pos_k] = m, Kd.values
-        return w
+    @staticmethod
+    def _values(Md: DSparseTensor, Kd: DSparseTensor) -> torch.Tensor:
+        return torch.cat([Md.values, Kd.values])
 
     def refilled(self, Md: DSparseTensor, Kd: DSparseTensor) -> "_Paired":
         """Collective. The same pairing with new values (same patterns)."""
@@ -196,14 +192,15 @@ class _Paired:
     def product_full(self, u_full: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Local. ``(M u, K u)`` on the owned rows from the whole vector ``u`` (no exchange)."""
         wptr, widx, wv = self.W.local_rows_csr()
+        n = (wptr.numel() - 1) // 2
         if wv.numel() == 0:
-            z = u_full.new_zeros((wptr.numel() - 1) // 2, dtype=self.W.dtype)
+            z = u_full.new_zeros(n, dtype=self.W.dtype)
             return z, z.clone()
         if self._rows is None:
             self._rows = torch.sparse_csr_tensor(wptr, widx, wv, size=(wptr.numel() - 1, self.W.global_shape[1]),
                                                  check_invariants=False)
-        y = torch.mv(self._rows, u_full.to(self.W.dtype)).reshape(-1, 2)
-        return y[:, 0], y[:, 1]
+        y = torch.mv(self._rows, u_full.to(self.W.dtype))
+        return y[:n], y[n:]
 
     def product(self, u: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Collective. ``(M u, K u)`` (no autograd: the steps run under no_grad)."""
@@ -211,8 +208,8 @@ class _Paired:
             return self.product_full(u)      # no halo: the cached CSR tensor
         # the states are integrate's (u0 checked there) or the solves': no check, no exchange to poison
         y, _ = forward_product(self.W._layout, self.W.values, u.detach().to(self.W.dtype))
-        y = y.reshape(-1, 2)
-        return y[:, 0], y[:, 1]
+        n = y.shape[0] // 2
+        return y[:n], y[n:]
 
 
 def _gather_csr(A: DSparseTensor):
@@ -397,17 +394,19 @@ class LinearTimeProblem:
         st._Md, st._Kd = self.M.detach(), self.K.detach()
         st._ops = {}
         st.linear_solves = st.transposed_solves = 0
-        for n in range(len(self.scheme.starters) + 1):
-            alpha, beta = self.scheme.coefficients(n)
-            key = (alpha[0], beta[0])
-            if key not in st._ops:
-                st._ops[key] = st._operator(alpha[0], beta[0] * st._dt, first=not st._ops)
+        # the pairing before the factorisations: the heap space its temporaries leave (never given
+        # back in this PETSc build) serves the factorisations' allocations instead of adding to them
         st._MK = None
         if not self.M.block_shape:
             key = (self.M._layout, self.K._layout)
             same = self._pairs is not None and self._pairs[0][0] is key[0] and self._pairs[0][1] is key[1]
             st._MK = self._pairs[1].refilled(st._Md, st._Kd) if same else _Paired(st._Md, st._Kd)
             self._pairs = (key, st._MK)
+        for n in range(len(self.scheme.starters) + 1):
+            alpha, beta = self.scheme.coefficients(n)
+            key = (alpha[0], beta[0])
+            if key not in st._ops:
+                st._ops[key] = st._operator(alpha[0], beta[0] * st._dt, first=not st._ops)
         # symmetric M and K: (M^T mu, K^T mu) is the paired product too
         from ..symmetry import exactly_symmetric
         st._symmetric = st._MK is not None and exactly_symmetric(st._Md) and exactly_symmetric(st._Kd)
@@ -425,6 +424,11 @@ class LinearTimeProblem:
             (st._full_M, st._full_K, st._full_M_rows, st._full_K_rows, st._full_MT,
              st._full_KT) = st._whole_matrices()
         st._cot = {}     # time level -> the source's pending cotangent (the adjoint's batched VJPs)
+        # levels per source VJP: their cotangents (vectors of owned rows) are held until the batch is
+        # full, so at most about VALUE_GRAD_ENTRIES of them per rank; from global sizes alone, the
+        # same on every rank without a collective (the source is called collectively)
+        N, P = self.M.global_shape[0], self.comm.Get_size()
+        st._src_batch = max(1, min(ADJOINT_BATCH, (VALUE_GRAD_ENTRIES * P) // max(1, N)))
         st._vg = ([], [], [])   # the adjoint's pending (mu, M's U, K's U) for the values' gradients
         st._vg_batch = None     # set (collectively) by the first adjoint step that needs it
         return st
@@ -719,15 +723,15 @@ class LinearTimeProblem:
         if self.source is not None and any(want_params):
             # f(t_m) enters the steps m - 1 (j = 0) and m (j = 1, Crank-Nicolson): its cotangents are
             # summed per time level, and the levels no later step reaches (m > n) are differentiated
-            # ADJOINT_BATCH at a time, in one autograd call
+            # _src_batch (ADJOINT_BATCH, fewer for large vectors) at a time, in one autograd call
             for j, bj in enumerate(beta):
                 if bj != 0.0:
                     c = (dt * bj) * mu
                     m = n + 1 - j
                     self._cot[m] = c if m not in self._cot else self._cot[m] + c
-            if len(self._cot) > ADJOINT_BATCH + self.scheme.history:
+            if len(self._cot) > self._src_batch + self.scheme.history:
                 done = [m for m in self._cot if m > n]
-                if len(done) >= ADJOINT_BATCH:
+                if len(done) >= self._src_batch:
                     d_params = self._source_vjp(done, t0, params, want_params)
         return d_state, d_inputs, d_params
 
