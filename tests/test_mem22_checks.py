@@ -24,10 +24,10 @@ N_STEPS = 23
 DT_STEP = 0.01
 
 
-def _loss_and_grad(check_batch: int, adjoint_batch: int, monkeypatch, sch: str = "cn", entries: int = 1 << 22):
+def _loss_and_grad(check_batch: int, adjoint_batch: int, monkeypatch, sch: str = "cn", entries: int = 1 << 16):
     monkeypatch.setattr(tlinear, "CHECK_BATCH", check_batch)
     monkeypatch.setattr(tlinear, "ADJOINT_BATCH", adjoint_batch)
-    monkeypatch.setattr(tlinear, "VALUE_GRAD_ENTRIES", entries)
+    monkeypatch.setattr(tlinear, "SOURCE_VJP_ENTRIES", entries)
     dM, dK, x = distributed_line(COMM)
     P = LinearTimeProblem(dM, dK, source, scheme=sch, method="direct")
     u0 = torch.cos(2 * x).requires_grad_(True)
@@ -42,11 +42,11 @@ def _loss_and_grad(check_batch: int, adjoint_batch: int, monkeypatch, sch: str =
 def test_gradients_independent_of_batches(sch, monkeypatch):
     """The same loss and gradients (to rounding: the batched checks change no value) whatever
     CHECK_BATCH (1, 4: several flushes and a partial last batch; 256: one) and ADJOINT_BATCH
-    (1, 5, 32) are, and with the source's VJP batch cut by VALUE_GRAD_ENTRIES (12 rows: 3 levels
+    (1, 5, 32) are, and with the source's VJP batch cut by SOURCE_VJP_ENTRIES (12 rows: 3 levels
     per rank and batch at one rank, 6 at 2); the loss equals SciPy's own steps and q's gradient
     its central difference."""
     ref = _loss_and_grad(256, 32, monkeypatch, sch)
-    for cb, ab, entries in ((1, 1, 1 << 22), (4, 5, 1 << 22), (7, 32, 1 << 22), (256, 32, 36)):
+    for cb, ab, entries in ((1, 1, 1 << 16), (4, 5, 1 << 16), (7, 32, 1 << 16), (256, 32, 36)):
         J, gu, gq, _ = _loss_and_grad(cb, ab, monkeypatch, sch, entries)
         assert abs(J - ref[0]) <= 1e-13 * abs(ref[0])
         for g, r in ((gu, ref[1]), (gq, ref[2])):

@@ -27,7 +27,7 @@ source until then), so a source call costs no collective of its own.
 The adjoint batches what the forward does not pay: the source's vector-Jacobian products are
 summed per time level (Crank-Nicolson reads ``f(t_m)`` in steps ``m - 1`` and ``m``) and made
 ``ADJOINT_BATCH`` levels per autograd call (fewer where the pending cotangents would pass
-``VALUE_GRAD_ENTRIES`` entries per rank: 32 MiB), and the gradients of ``M``'s and ``K``'s values
+``SOURCE_VJP_ENTRIES`` entries per rank: 512 KiB), and the gradients of ``M``'s and ``K``'s values
 ``ADJOINT_BATCH`` steps per halo exchange. ``backend="scipy"`` on several ranks factorises the
 gathered step matrix on every rank (small problems): the forward and adjoint steps run on whole
 vectors, the source gathered ``ADJOINT_BATCH`` levels at a time, instead of a distributed
@@ -54,9 +54,11 @@ CHECK_BATCH = 256
 #: adjoint steps whose source vector-Jacobian products (one autograd call) and value gradients of
 #: ``M`` and ``K`` (one halo exchange) are made together
 ADJOINT_BATCH = 32
-#: the most ``batch x nnz`` entries of the batched value gradients' temporaries (32 MiB of float64),
-#: and about the most ``batch x rows`` entries of a rank's pending source cotangents
+#: the most ``batch x nnz`` entries of the batched value gradients' temporaries (32 MiB of float64)
 VALUE_GRAD_ENTRIES = 1 << 22
+#: about the most ``batch x rows`` entries of a rank's pending source cotangents (512 KiB of float64:
+#: the batch pays where a step is cheap, on small vectors; a large step's VJP call costs little)
+SOURCE_VJP_ENTRIES = 1 << 16
 
 
 class _SolveChecks:
@@ -76,18 +78,19 @@ class _SolveChecks:
         self.comm, self.what = comm, what
         self.batch = CHECK_BATCH
         self.local = torch.zeros((self.batch, 3), dtype=torch.float64)
+        self._rows = self.local.unbind(0)   # views made once: no indexing per solve
         self.norms = [0.0] * self.batch
         self.n = 0             # solves recorded since the last flush (<= records)
         self.error: Optional[BaseException] = None
         self.records = 0       # solves and source calls since the last flush (the same on every rank)
 
     def add(self, r: torch.Tensor, x: torch.Tensor, b: torch.Tensor, anorm: float) -> None:
-        if r.numel():
-            with torch.no_grad():
+        with torch.no_grad():
+            if r.numel():
                 # NaN propagates through amax, inf through abs: a non-finite vector gives a non-finite maximum
-                self.local[self.n] = torch.stack([r, x, b]).abs().amax(1)
-        else:
-            self.local[self.n] = 0.0
+                self._rows[self.n].copy_(torch.stack([r, x, b]).abs_().amax(1))
+            else:
+                self._rows[self.n].zero_()
         self.norms[self.n] = anorm
         self.n += 1
         self._count()
@@ -425,10 +428,11 @@ class LinearTimeProblem:
              st._full_KT) = st._whole_matrices()
         st._cot = {}     # time level -> the source's pending cotangent (the adjoint's batched VJPs)
         # levels per source VJP: their cotangents (vectors of owned rows) are held until the batch is
-        # full, so at most about VALUE_GRAD_ENTRIES of them per rank; from global sizes alone, the
-        # same on every rank without a collective (the source is called collectively)
+        # full (and the VJP's temporaries are as many), so about SOURCE_VJP_ENTRIES entries per rank;
+        # from global sizes alone: the same on every rank without a collective (the source is
+        # called collectively)
         N, P = self.M.global_shape[0], self.comm.Get_size()
-        st._src_batch = max(1, min(ADJOINT_BATCH, (VALUE_GRAD_ENTRIES * P) // max(1, N)))
+        st._src_batch = max(1, min(ADJOINT_BATCH, (SOURCE_VJP_ENTRIES * P) // max(1, N)))
         st._vg = ([], [], [])   # the adjoint's pending (mu, M's U, K's U) for the values' gradients
         st._vg_batch = None     # set (collectively) by the first adjoint step that needs it
         return st
