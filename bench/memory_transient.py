@@ -3,10 +3,11 @@ RSS by kind after the imports, the set-up, the warm-up, the forward and the back
 
 Run (not under mpirun): ``python bench/memory_transient.py [--ranks 1 2] [--n 64] [--steps 100]
 [--snapshots 10] [--baseline ROOT] [--no-peer] [--json out.json]`` (``--baseline``: the same
-worker importing another checkout's slasolve, e.g. ``/work/main``: before / after a change). It runs ``transient.py``'s two workers (slasolve with
-``--snapshots`` snapshots, and dolfin-adjoint in its venv when there is one) with
-``SLASOLVE_BENCH_PROBE`` set, so each rank records its memory at each phase
-(``bench/memory_probe.py``), and prints, per rank count, MiB (the largest over the ranks):
+worker importing another checkout's slasolve, e.g. ``/work/main``: before / after a change).
+It runs ``transient.py``'s two workers (slasolve with ``--snapshots`` snapshots, and
+dolfin-adjoint in its venv when there is one) with ``SLASOLVE_BENCH_PROBE`` set, so each rank
+records its memory at each phase (``bench/memory_probe.py``), and prints, per rank count, MiB
+(the largest over the ranks):
 
 * after the imports: RSS, anonymous, file-backed;
 * from the imports to the end of the backward (the peak: the heap is never trimmed): the
