@@ -13,9 +13,17 @@ backward Euler written as dolfin-adjoint's tutorials do (``solve(a == L, u)`` ea
 ``KAPPA (1 + 0.5 sin(3 x) cos(2 y))`` at the centroids, the source fixed at ``q0``.
 """
 import json
+import os
 import resource
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from memory_probe import from_env, status_mib  # noqa: E402  (standard library only)
+
+probe, probe_path = from_env("dolfin-adjoint")
+if probe:
+    probe.mark("start")
 
 # as dolfin-adjoint's users write it: the overloaded names (Function, solve, assemble, ...) shadow DOLFIN's
 from dolfin import *  # noqa: F401,F403
@@ -23,6 +31,9 @@ from dolfin_adjoint import *  # noqa: F401,F403
 
 # the imports' own footprint (the interpreter, DOLFIN, UFL/FFC, pyadjoint, petsc4py, ...)
 imports_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+imports_anon_mib = status_mib("RssAnon")
+if probe:
+    probe.mark("imports")
 
 set_log_level(LogLevel.WARNING)
 parameters["std_out_all_processes"] = False
@@ -68,8 +79,12 @@ def loss_and_gradient(N):
     t0 = time.perf_counter()
     J = loss(m, N)
     t1 = time.perf_counter()
+    if probe:
+        probe.mark(f"forward {N}")
     g = compute_gradient(J, Control(m))   # l2 representation: dJ/dm_i, what slasolve returns
     t2 = time.perf_counter()
+    if probe:
+        probe.mark(f"backward {N}")
     out = {"loss": float(J), "g_dot_dq": g.vector().inner(dm.vector()), "g_norm": g.vector().norm("l2"),
            "forward_s": t1 - t0, "gradient_s": t2 - t1}
     tape.clear_tape()
@@ -81,17 +96,23 @@ def max_over_ranks(x):
     return M.COMM_WORLD.allreduce(x, op=M.MAX)
 
 
+if probe:
+    probe.mark("setup")
 loss_and_gradient(3)   # warm-up: form compilation (JIT, cached on disk), MUMPS, the tape's code paths
 comm.Barrier()
 floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 res = loss_and_gradient(steps)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+anon_over_imports = status_mib("RssAnon") - imports_anon_mib   # see transient.py's compare_worker
+if probe:
+    probe.dump(probe_path)
 res["wall_s"] = max_over_ranks(res["forward_s"] + res["gradient_s"])
 res["forward_s"], res["gradient_s"] = max_over_ranks(res["forward_s"]), max_over_ranks(res["gradient_s"])
 res["peak_mib_max_rank"] = max_over_ranks(peak)
 res["extra_peak_mib_max_rank"] = max_over_ranks(peak - floor)
 res["imports_mib_max_rank"] = max_over_ranks(imports_mib)
 res["over_imports_mib_max_rank"] = max_over_ranks(peak - imports_mib)
+res["anon_over_imports_mib_max_rank"] = max_over_ranks(anon_over_imports)
 if "--fd" in sys.argv:
     h = 1e-4
     with stop_annotating():

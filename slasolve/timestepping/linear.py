@@ -13,7 +13,7 @@ every step, forward and adjoint. The adjoint of a step is one transposed solve w
 ``A`` and products with ``M^T``, ``K^T``: no forward solve is repeated.
 
 Per step, one halo exchange serves both matrices: ``M`` and ``K`` share a pattern, so their
-rows are interleaved into one ``2N x N`` row shard whose product is ``(M u, K u)`` (and
+rows are stacked into one ``2N x N`` row shard whose product is ``(M u, K u)`` (and
 ``(M^T mu, K^T mu)`` when both are exactly symmetric), and ``(M u_n, K u_n)``, computed after
 the solve for ``u_n``, serve the next step's right-hand side. With
 ``method="direct"`` the factors are those of values this problem owns (formed in
@@ -26,7 +26,8 @@ source until then), so a source call costs no collective of its own.
 
 The adjoint batches what the forward does not pay: the source's vector-Jacobian products are
 summed per time level (Crank-Nicolson reads ``f(t_m)`` in steps ``m - 1`` and ``m``) and made
-``ADJOINT_BATCH`` levels per autograd call, and the gradients of ``M``'s and ``K``'s values
+``ADJOINT_BATCH`` levels per autograd call (fewer where the pending cotangents would pass
+``SOURCE_VJP_ENTRIES`` entries per rank: 512 KiB), and the gradients of ``M``'s and ``K``'s values
 ``ADJOINT_BATCH`` steps per halo exchange. ``backend="scipy"`` on several ranks factorises the
 gathered step matrix on every rank (small problems): the forward and adjoint steps run on whole
 vectors, the source gathered ``ADJOINT_BATCH`` levels at a time, instead of a distributed
@@ -55,6 +56,9 @@ CHECK_BATCH = 256
 ADJOINT_BATCH = 32
 #: the most ``batch x nnz`` entries of the batched value gradients' temporaries (32 MiB of float64)
 VALUE_GRAD_ENTRIES = 1 << 22
+#: about the most ``batch x rows`` entries of a rank's pending source cotangents (512 KiB of float64:
+#: the batch pays where a step is cheap, on small vectors; a large step's VJP call costs little)
+SOURCE_VJP_ENTRIES = 1 << 16
 
 
 class _SolveChecks:
@@ -63,25 +67,37 @@ class _SolveChecks:
     solves, as ``slasolve.direct`` checks every solve, and whether the source raised on this
     rank, reduced in batches: every rank records the same number of solves and source calls, so
     every rank reduces (and raises) at the same calls. ``what``: the factorisation, or None when
-    the solves are Krylov solves (they check themselves; only the source's errors are kept)."""
+    the solves are Krylov solves (they check themselves; only the source's errors are kept).
+
+    The maxima go into one buffer made once: a small tensor kept per solve until the flush
+    would sit between the steps' freed vectors in the heap (which this PETSc build never trims:
+    ``bench/memory_probe.py``), so a step's vectors could not reuse the space of the last step's:
+    up to ``CHECK_BATCH`` states' worth of heap (17 MiB at 4,225 unknowns) for 24 bytes a solve."""
 
     def __init__(self, comm, what: Optional[str]):
         self.comm, self.what = comm, what
-        self.local: list = []
-        self.norms: list = []
+        self.batch = CHECK_BATCH
+        self.local = torch.zeros((self.batch, 3), dtype=torch.float64)
+        self._rows = self.local.unbind(0)   # views made once: no indexing per solve
+        self.norms = [0.0] * self.batch
+        self.n = 0             # solves recorded since the last flush (<= records)
         self.error: Optional[BaseException] = None
         self.records = 0       # solves and source calls since the last flush (the same on every rank)
 
     def add(self, r: torch.Tensor, x: torch.Tensor, b: torch.Tensor, anorm: float) -> None:
         with torch.no_grad():
-            # NaN propagates through amax, inf through abs: a non-finite vector gives a non-finite maximum
-            self.local.append(torch.stack([r, x, b]).abs().amax(1) if r.numel() else r.new_zeros(3))
-        self.norms.append(anorm)
+            if r.numel():
+                # NaN propagates through amax, inf through abs: a non-finite vector gives a non-finite maximum
+                self._rows[self.n].copy_(torch.stack([r, x, b]).abs_().amax(1))
+            else:
+                self._rows[self.n].zero_()
+        self.norms[self.n] = anorm
+        self.n += 1
         self._count()
 
     def _count(self) -> None:
         self.records += 1
-        if self.records >= CHECK_BATCH:
+        if self.records >= self.batch:
             self.flush()
 
     def guarded(self, fn: Callable) -> Callable:
@@ -115,14 +131,13 @@ class _SolveChecks:
             return
         self.records = 0
         from ..direct import BACKWARD_ERROR_TOL, FactorizationError
-        loc = torch.nan_to_num(torch.stack(self.local).to(torch.float64), nan=math.inf) if self.local else \
-            torch.zeros((0, 3), dtype=torch.float64)
+        n, self.n = self.n, 0
+        loc = torch.nan_to_num(self.local[:n], nan=math.inf)
         shape = loc.shape
         # the source's failure flag rides on the same reduction
         flat = torch.cat([loc.reshape(-1), torch.tensor([0.0 if self.error is None else 1.0], dtype=torch.float64)])
         glob = allreduce_max(self.comm, flat)
-        anorm = torch.tensor(self.norms, dtype=torch.float64)
-        self.local, self.norms = [], []
+        anorm = torch.tensor(self.norms[:n], dtype=torch.float64)
         if float(glob[-1]) > 0:
             err, self.error = self.error, None
             raise_collected(self.comm, err, allreduce_int(self.comm, 0 if err is None else 1))
@@ -148,30 +163,24 @@ class _SolveChecks:
 
 class _Paired:
     """Collective (constructor). ``M`` and ``K`` (one pattern, scalar entries) as one
-    ``2N x N`` row shard ``W`` whose rows ``2i``, ``2i + 1`` are row ``i`` of ``M`` and of ``K``:
-    ``W u`` is ``(M u, K u)`` interleaved, one halo exchange and one CSR product for both."""
+    ``2N x N`` row shard ``W``: each rank's ``n`` rows of ``M`` then its ``n`` rows of ``K``
+    (rank ``r``'s block of ``W``'s rows is ``[2 r0, 2 r1)``), so ``W u`` is ``(M u, K u)``, one
+    halo exchange and one CSR product for both. ``W``'s local arrays are those of ``M`` twice,
+    concatenated: no position arrays are kept, and a refill is one concatenation."""
 
     def __init__(self, Md: DSparseTensor, Kd: DSparseTensor):
         indptr, indices, _ = Md.local_rows_csr()
-        n, nnz = indptr.numel() - 1, indices.numel()
-        counts = indptr[1:] - indptr[:-1]
-        wptr = torch.zeros(2 * n + 1, dtype=torch.int64, device=indptr.device)
-        wptr[1:] = torch.cumsum(torch.repeat_interleave(counts, 2), 0)
-        row = torch.repeat_interleave(torch.arange(n, device=indptr.device), counts)
-        within = torch.arange(nnz, device=indptr.device) - indptr[row]
-        self.pos_m, self.pos_k = wptr[2 * row] + within, wptr[2 * row + 1] + within
-        widx = torch.empty(2 * nnz, dtype=indices.dtype, device=indices.device)
-        widx[self.pos_m], widx[self.pos_k] = indices, indices
+        nnz = indices.numel()
+        wptr = torch.cat([indptr, indptr[1:] + nnz])
+        widx = torch.cat([indices, indices])
         N = Md.global_shape[0]
         # rows already sorted per row (those of M): from_local_rows keeps the arrays as given
         self.W = DSparseTensor.from_local_rows(wptr, widx, self._values(Md, Kd), (2 * N, N), Md.comm,
                                                n_local_cols=Md.n_local)
 
-    def _values(self, Md: DSparseTensor, Kd: DSparseTensor) -> torch.Tensor:
-        m = Md.values
-        w = m.new_empty(2 * m.shape[0])
-        w[self.pos_m], w[self.pos_k] = m, Kd.values
-        return w
+    @staticmethod
+    def _values(Md: DSparseTensor, Kd: DSparseTensor) -> torch.Tensor:
+        return torch.cat([Md.values, Kd.values])
 
     def refilled(self, Md: DSparseTensor, Kd: DSparseTensor) -> "_Paired":
         """Collective. The same pairing with new values (same patterns)."""
@@ -186,14 +195,15 @@ class _Paired:
     def product_full(self, u_full: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Local. ``(M u, K u)`` on the owned rows from the whole vector ``u`` (no exchange)."""
         wptr, widx, wv = self.W.local_rows_csr()
+        n = (wptr.numel() - 1) // 2
         if wv.numel() == 0:
-            z = u_full.new_zeros((wptr.numel() - 1) // 2, dtype=self.W.dtype)
+            z = u_full.new_zeros(n, dtype=self.W.dtype)
             return z, z.clone()
         if self._rows is None:
             self._rows = torch.sparse_csr_tensor(wptr, widx, wv, size=(wptr.numel() - 1, self.W.global_shape[1]),
                                                  check_invariants=False)
-        y = torch.mv(self._rows, u_full.to(self.W.dtype)).reshape(-1, 2)
-        return y[:, 0], y[:, 1]
+        y = torch.mv(self._rows, u_full.to(self.W.dtype))
+        return y[:n], y[n:]
 
     def product(self, u: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Collective. ``(M u, K u)`` (no autograd: the steps run under no_grad)."""
@@ -201,8 +211,8 @@ class _Paired:
             return self.product_full(u)      # no halo: the cached CSR tensor
         # the states are integrate's (u0 checked there) or the solves': no check, no exchange to poison
         y, _ = forward_product(self.W._layout, self.W.values, u.detach().to(self.W.dtype))
-        y = y.reshape(-1, 2)
-        return y[:, 0], y[:, 1]
+        n = y.shape[0] // 2
+        return y[:n], y[n:]
 
 
 def _gather_csr(A: DSparseTensor):
@@ -387,17 +397,19 @@ class LinearTimeProblem:
         st._Md, st._Kd = self.M.detach(), self.K.detach()
         st._ops = {}
         st.linear_solves = st.transposed_solves = 0
-        for n in range(len(self.scheme.starters) + 1):
-            alpha, beta = self.scheme.coefficients(n)
-            key = (alpha[0], beta[0])
-            if key not in st._ops:
-                st._ops[key] = st._operator(alpha[0], beta[0] * st._dt, first=not st._ops)
+        # the pairing before the factorisations: the heap space its temporaries leave (never given
+        # back in this PETSc build) serves the factorisations' allocations instead of adding to them
         st._MK = None
         if not self.M.block_shape:
             key = (self.M._layout, self.K._layout)
             same = self._pairs is not None and self._pairs[0][0] is key[0] and self._pairs[0][1] is key[1]
             st._MK = self._pairs[1].refilled(st._Md, st._Kd) if same else _Paired(st._Md, st._Kd)
             self._pairs = (key, st._MK)
+        for n in range(len(self.scheme.starters) + 1):
+            alpha, beta = self.scheme.coefficients(n)
+            key = (alpha[0], beta[0])
+            if key not in st._ops:
+                st._ops[key] = st._operator(alpha[0], beta[0] * st._dt, first=not st._ops)
         # symmetric M and K: (M^T mu, K^T mu) is the paired product too
         from ..symmetry import exactly_symmetric
         st._symmetric = st._MK is not None and exactly_symmetric(st._Md) and exactly_symmetric(st._Kd)
@@ -415,6 +427,12 @@ class LinearTimeProblem:
             (st._full_M, st._full_K, st._full_M_rows, st._full_K_rows, st._full_MT,
              st._full_KT) = st._whole_matrices()
         st._cot = {}     # time level -> the source's pending cotangent (the adjoint's batched VJPs)
+        # levels per source VJP: their cotangents (vectors of owned rows) are held until the batch is
+        # full (and the VJP's temporaries are as many), so about SOURCE_VJP_ENTRIES entries per rank;
+        # from global sizes alone: the same on every rank without a collective (the source is
+        # called collectively)
+        N, P = self.M.global_shape[0], self.comm.Get_size()
+        st._src_batch = max(1, min(ADJOINT_BATCH, (SOURCE_VJP_ENTRIES * P) // max(1, N)))
         st._vg = ([], [], [])   # the adjoint's pending (mu, M's U, K's U) for the values' gradients
         st._vg_batch = None     # set (collectively) by the first adjoint step that needs it
         return st
@@ -709,15 +727,15 @@ class LinearTimeProblem:
         if self.source is not None and any(want_params):
             # f(t_m) enters the steps m - 1 (j = 0) and m (j = 1, Crank-Nicolson): its cotangents are
             # summed per time level, and the levels no later step reaches (m > n) are differentiated
-            # ADJOINT_BATCH at a time, in one autograd call
+            # _src_batch (ADJOINT_BATCH, fewer for large vectors) at a time, in one autograd call
             for j, bj in enumerate(beta):
                 if bj != 0.0:
                     c = (dt * bj) * mu
                     m = n + 1 - j
                     self._cot[m] = c if m not in self._cot else self._cot[m] + c
-            if len(self._cot) > ADJOINT_BATCH + self.scheme.history:
+            if len(self._cot) > self._src_batch + self.scheme.history:
                 done = [m for m in self._cot if m > n]
-                if len(done) >= ADJOINT_BATCH:
+                if len(done) >= self._src_batch:
                     d_params = self._source_vjp(done, t0, params, want_params)
         return d_state, d_inputs, d_params
 
@@ -747,11 +765,18 @@ class LinearTimeProblem:
         dt = self._dt
         with torch.enable_grad():
             ps = [p.detach().requires_grad_(True) if w else p for p, w in zip(params, want_params)]
-            fs = [self._f(t0 + m * dt, ps) for m in levels]
+            # each f(t_m) dropped once dotted (the dot keeps c_m, not f): one vector live, not a batch
+            dots, failed = [], False
+            for m, c in zip(levels, cots):
+                f = self._f(t0 + m * dt, ps)
+                if f is None:
+                    failed = True
+                elif not failed:
+                    dots.append(torch.dot(f, c.to(f.dtype)))
             leaves = [p for p, w in zip(ps, want_params) if w]
             grads = [None] * len(leaves)
-            if all(f is not None for f in fs):
-                s = torch.stack([torch.dot(f, c.to(f.dtype)) for f, c in zip(fs, cots)]).sum()
+            if not failed:
+                s = torch.stack(dots).sum()
                 if s.requires_grad:
                     try:
                         grads = torch.autograd.grad(s, leaves, allow_unused=True)
