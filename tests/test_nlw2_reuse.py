@@ -3,6 +3,7 @@ keeps from one call to the next is still right when what it depends on changes (
 the problem's data changed in place, ``u0``'s layout), and what SNES now evaluates itself (``F(u0)`` and
 ``J(u0)`` by the kernels in its first callbacks) raises and counts as the problem's methods do."""
 import math
+import warnings
 
 import pytest
 import torch
@@ -140,10 +141,14 @@ def test_overflowing_start_on_one_rank_raises_on_every_rank_as_the_methods(comm)
     if comm.rank == comm.size - 1:
         u0 = torch.full_like(u0, 1e200)
     r, j = _methods(P)
-    with pytest.warns(RuntimeWarning), pytest.raises(ValueError, match="NaN or infinite"):
-        slasolve.nonlinear_solve(r, u0, jacobian=j, linear_solver=LU, raise_on_fail=False)
-    with pytest.warns(RuntimeWarning), pytest.raises(ValueError, match="NaN or infinite"):
-        slasolve.nonlinear_solve(P.residual, u0, jacobian=P.jacobian, linear_solver=LU, raise_on_fail=False)
+    # NumPy's overflow warnings come from the ranks that hold or neighbour the last rank's dofs only
+    # (at 3+ ranks not rank 0): not asserted, or the ranks would leave the test apart
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            slasolve.nonlinear_solve(r, u0, jacobian=j, linear_solver=LU, raise_on_fail=False)
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            slasolve.nonlinear_solve(P.residual, u0, jacobian=P.jacobian, linear_solver=LU, raise_on_fail=False)
     u = slasolve.nonlinear_solve(P.residual, sp.zeros(), jacobian=P.jacobian, rtol=1e-10, linear_solver=LU)
     assert bool(torch.isfinite(u).all())
 
