@@ -38,12 +38,15 @@ def _started(monkeypatch):
 def test_same_answers_counts_and_history_as_the_methods(comm, monkeypatch, which):
     sp, P = diffusion(comm) if which == "diffusion" else solid(comm, 0.05)
     params = (_kappa(sp, comm),) if which == "diffusion" else ()
-    extra = {} if which == "diffusion" else dict(objective=P.energy)
+    # the neo-Hookean solve stops at rtol 1e-8 (3 Newton steps): a 4th step's energy decrease is at the
+    # energy's rounding, where the line search's full-step test follows the direct solver's last bits
+    # (MUMPS at 3 ranks need not repeat them), so the step counts could differ by one at 1e-10
+    extra = dict(rtol=1e-10) if which == "diffusion" else dict(objective=P.energy, rtol=1e-8)
     ref, iref = slasolve.nonlinear_solve(lambda v, *p: P.residual(v, *p), sp.zeros(), *params,
-                                         jacobian=lambda v, *p: P.jacobian(v, *p), rtol=1e-10,
+                                         jacobian=lambda v, *p: P.jacobian(v, *p),
                                          linear_solver=LU, return_info=True, **extra)
     seen = _started(monkeypatch)
-    u, info = slasolve.nonlinear_solve(P.residual, sp.zeros(), *params, jacobian=P.jacobian, rtol=1e-10,
+    u, info = slasolve.nonlinear_solve(P.residual, sp.zeros(), *params, jacobian=P.jacobian,
                                        linear_solver=LU, return_info=True, **extra)
     assert seen and seen[0]
     assert info.converged and iref.converged
