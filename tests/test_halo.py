@@ -190,13 +190,18 @@ def test_freeing_the_parent_frees_the_duplicate(comm):
 
 
 @pytest.mark.timeout(60)
-def test_bad_input_on_one_rank_raises_on_its_neighbours(comm):
-    if comm.size < 2:
-        pytest.skip("needs 2 ranks")
+def everybody_plan(comm):
+    """A plan where every rank needs every other rank's entries: ``(plan, start, end, ghosts)``."""
     offs = offsets_for(comm.size)
     s, e = int(offs[comm.rank]), int(offs[comm.rank + 1])
     others = np.setdiff1d(np.arange(N_GLOBAL), np.arange(s, e))
-    plan = HaloPlan(comm, (s, e), torch.from_numpy(others))  # everybody needs everybody
+    return HaloPlan(comm, (s, e), torch.from_numpy(others)), s, e, others
+
+
+def test_bad_input_on_one_rank_raises_on_its_neighbours(comm):
+    if comm.size < 2:
+        pytest.skip("needs 2 ranks")
+    plan, s, e, others = everybody_plan(comm)
     x = torch.rand(e - s + (1 if comm.rank == 0 else 0), 2)
     with pytest.raises(ValueError, match="rank 0|rows along dim 0"):
         plan.forward(x)
@@ -235,10 +240,7 @@ def test_array_exchanges_equal_global_references(comm, dtype, trailing):
 def test_array_exchange_bad_input_on_one_rank_raises_everywhere(comm):
     if comm.size < 2:
         pytest.skip("needs 2 ranks")
-    offs = offsets_for(comm.size)
-    s, e = int(offs[comm.rank]), int(offs[comm.rank + 1])
-    others = np.setdiff1d(np.arange(N_GLOBAL), np.arange(s, e))
-    plan = HaloPlan(comm, (s, e), torch.from_numpy(others))  # everybody needs everybody
+    plan, s, e, others = everybody_plan(comm)
     with pytest.raises(ValueError, match="rank 0|rows along dim 0"):
         plan.forward_array(np.zeros(e - s + (1 if comm.rank == 0 else 0)))
     bad = np.empty(len(others), dtype=object) if comm.rank == 1 else np.zeros(len(others))

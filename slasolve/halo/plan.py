@@ -346,23 +346,27 @@ class HaloPlan:
         with _log.phase("halo", _EV_FINISH):
             return self._finish(pending)
 
-    def _finish(self, pending: _Pending) -> torch.Tensor:
+    def _received(self, pending: _Pending) -> np.ndarray:
+        """Complete ``pending``, raise this rank's or a neighbour's error, and view the received
+        rows ``(n_ghost or n_send, ...)`` in the receive buffer."""
         problem = self._wait(pending)
         if pending.error is not None:
             raise pending.error
         if problem is not None:
             raise problem
-        like = pending.like
-        buf = pending.recvbuf
-        recv_lay = pending.layout[0]
-        if len(recv_lay) == 1:
+        buf, recv = pending.recvbuf, pending.layout[0]
+        if len(recv) == 1:
             flat = buf[16:]
-        elif recv_lay:
-            flat = np.concatenate([buf[a + 16:b] for _, a, b in recv_lay])
+        elif recv:
+            flat = np.concatenate([buf[a + 16:b] for _, a, b in recv])
         else:
             flat = buf
         n = self.n_ghost if pending.kind == 0 else self.n_send
-        recv = torch.from_numpy(flat.view(pending.dtype).reshape((n,) + pending.trailing))
+        return flat.view(pending.dtype).reshape((n,) + pending.trailing)
+
+    def _finish(self, pending: _Pending) -> torch.Tensor:
+        like = pending.like
+        recv = torch.from_numpy(self._received(pending))
         if like.device.type != "cpu":
             recv = recv.to(like.device)
         if pending.kind == 0:
@@ -452,20 +456,7 @@ class HaloPlan:
                         seg[...] = a[lo:hi]
                 reqs.append(comm.Isend([sendbuf[o:e], MPI.BYTE], dest=r, tag=tag))
         with _log.phase("halo", _EV_FINISH):
-            problem = self._wait(_Pending(reqs, recvbuf, kind, None, None, lay, dtype, trailing, error))
-            if error is not None:
-                raise error
-            if problem is not None:
-                raise problem
-            recv = lay[0]
-            n = self.n_ghost if kind == 0 else self.n_send
-            if len(recv) == 1:
-                flat = recvbuf[16:]
-            elif recv:
-                flat = np.concatenate([recvbuf[lo + 16:hi] for _, lo, hi in recv])
-            else:
-                flat = recvbuf
-            got = flat.view(dtype).reshape((n,) + trailing)
+            got = self._received(_Pending(reqs, recvbuf, kind, None, None, lay, dtype, trailing, error))
             if kind == 0:
                 return got.copy()
             if dtype == np.float64 and dest is not None:
