@@ -532,16 +532,15 @@ def _snes_run(prob, u0, rtol, atol, stol, maxiter, line_search, ls, use_jacobian
     snes, X = solver.snes, solver.X
     X.setArray(u0.numpy() if u0.dtype == torch.float64 and u0.device.type == "cpu" and not u0.requires_grad
                else u0.detach().to(torch.float64).cpu().numpy())
-    if start is not None and solver.csr is not None:
+    if start is not None:
+        if solver.csr is None:   # not reached: the kernels' template is a CPU tensor
+            raise RuntimeError("slasolve internal: the kernels' template is not on the CPU")
         if solver.writer is False:   # collective: every rank's SNES is at the same point
             from ..petsc import aij_value_writer
             solver.writer = aij_value_writer(solver.Jmat, J0)
         cb = _KernelCallbacks(prob, progress, callback, start[1], solver.csr, X, solver)
     else:
-        cb = _Callbacks(prob, u0.dtype, progress, callback, u0.detach(), r0,
-                        None if start is not None else J0, solver.csr, X, solver)
-        if start is not None:   # not reached: the kernels' template is a CPU tensor
-            raise RuntimeError("slasolve internal: the kernels' template is not on the CPU")
+        cb = _Callbacks(prob, u0.dtype, progress, callback, u0.detach(), r0, J0, solver.csr, X, solver)
         if J0 is not None:   # F(u0) and J(u0) passed their checks
             cb.kernels = prob.iterate_kernels()
     setup = time.perf_counter() - t0
