@@ -214,9 +214,10 @@ class Assembler:
         return self.cell_coords.dtype
 
     def _coef(self, name: str, c: Coef) -> Union[float, torch.Tensor]:
-        """Numbers and per-cell tensors pass through; callables are evaluated at the cell centroids."""
+        """Numbers and per-cell tensors pass through; callables are evaluated at the cell centroids
+        (vertex averages; of the distinct vertices on collapsed Q1 cells)."""
         if callable(c) and not isinstance(c, torch.Tensor):
-            c = c(self.cell_coords.mean(1))
+            c = c(_el.distinct_mean(self.cell_coords))
             if not isinstance(c, torch.Tensor):
                 c = torch.as_tensor(np.asarray(c), dtype=self.dtype, device=self.device)
         if isinstance(c, torch.Tensor):

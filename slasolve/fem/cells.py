@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["CELL_TYPES", "CELL_DIM", "CELL_VERTICES", "CELL_FACETS", "ORIENTATION_FLIP", "MESHIO_DIM",
-           "signed_measure", "KUHN_TETS", "QUAD_BITS", "HEX_BITS", "TRI_BITS", "CELLS_PER_BOX"]
+__all__ = ["CELL_TYPES", "CELL_DIM", "CELL_VERTICES", "CELL_FACETS", "CELL_EDGES", "ORIENTATION_FLIP",
+           "MESHIO_DIM", "signed_measure", "facet_keys", "canonical_facets", "KUHN_TETS",
+           "QUAD_BITS", "HEX_BITS", "TRI_BITS", "CELLS_PER_BOX"]
 
 CELL_TYPES = ("triangle", "quad", "tetra", "hexahedron")
 CELL_DIM = {"triangle": 2, "quad": 2, "tetra": 3, "hexahedron": 3}
@@ -27,6 +28,12 @@ CELL_FACETS = {
     "tetra": [[0, 1, 2], [0, 1, 3], [0, 2, 3], [1, 2, 3]],
     "hexahedron": [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 5, 4], [1, 2, 6, 5], [2, 3, 7, 6], [3, 0, 4, 7]],
 }
+# edges of the Q1 cells (local vertex pairs): where a collapsed cell merges vertices
+CELL_EDGES = {
+    "quad": [[0, 1], [1, 2], [2, 3], [3, 0]],
+    "hexahedron": [[0, 1], [1, 2], [2, 3], [3, 0], [4, 5], [5, 6], [6, 7], [7, 4],
+                   [0, 4], [1, 5], [2, 6], [3, 7]],
+}
 # reverses the orientation of a cell
 ORIENTATION_FLIP = {"triangle": [0, 2, 1], "quad": [0, 3, 2, 1], "tetra": [0, 2, 1, 3],
          "hexahedron": [0, 3, 2, 1, 4, 7, 6, 5]}
@@ -42,6 +49,34 @@ def signed_measure(points: np.ndarray, cells: np.ndarray, cell: str) -> np.ndarr
     else:
         J = np.stack([points[cells[:, 1]] - x0, points[cells[:, 3]] - x0, points[cells[:, 4]] - x0], axis=-1)
     return np.linalg.det(J)
+
+
+def canonical_facets(vertices: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":
+    """Local. ``(keys, valid)`` of facets given by their vertex ids ``(..., nfv)``.
+
+    ``keys``: the sorted distinct vertex ids, padded to ``nfv`` with the largest (a facet of
+    a collapsed Q1 cell stores a triangle as ``(a, b, c, c)`` or ``(a, a, b, c)``, whichever
+    vertex its cell repeats: both get the key ``(a, b, c, c)``, as does a triangle facet
+    written padded). Without repeated ids this is the plain sort. ``valid``: the facet has
+    ``nfv`` distinct vertices, or at least 3 when ``nfv == 4``; a collapsed cell's other
+    facets (a point in 2-D; a point or an edge in 3-D) are no facets."""
+    keys = np.sort(np.asarray(vertices, dtype=np.int64), axis=-1)
+    nfv = keys.shape[-1]
+    dup = keys[..., 1:] == keys[..., :-1]
+    n_distinct = nfv - dup.sum(-1)
+    valid = n_distinct >= (3 if nfv == 4 else nfv)
+    if dup.any():
+        big = np.iinfo(np.int64).max
+        top = keys[..., -1:]
+        keys = np.sort(np.where(np.concatenate([np.zeros_like(dup[..., :1]), dup], -1), big, keys), axis=-1)
+        keys = np.where(keys == big, top, keys)
+    return keys, valid
+
+
+def facet_keys(cells: np.ndarray, cell: str) -> "tuple[np.ndarray, np.ndarray]":
+    """Local. :func:`canonical_facets` of every facet of every cell: ``(n, nf, nfv)`` keys and
+    ``(n, nf)`` validity (false only for the degenerate facets of collapsed Q1 cells)."""
+    return canonical_facets(np.asarray(cells)[:, np.asarray(CELL_FACETS[cell])])
 
 
 def _kuhn_tets() -> np.ndarray:

@@ -30,7 +30,7 @@ from mpi4py import MPI
 
 from .._comm import check_collective, get_comm
 from ..partition import PartitionQuality
-from .cells import CELL_DIM, CELL_FACETS, CELL_VERTICES, ORIENTATION_FLIP, signed_measure
+from .cells import CELL_DIM, CELL_FACETS, CELL_VERTICES, ORIENTATION_FLIP, canonical_facets, facet_keys, signed_measure
 from .mesh import Mesh, _facet_tags, _local_facets, _register_facet_matcher
 
 __all__ = ["distribute_cells", "fetch_rows", "match_cell_tags", "partition_quality", "dual_graph",
@@ -118,13 +118,9 @@ def fetch_rows(comm: MPI.Comm, offsets: np.ndarray, rows: np.ndarray, ids: np.nd
 @dataclass
 class _Facets:
     """What the referees found out about the facets of this rank's (slice of) cells."""
-    neighbours: np.ndarray        # (n, nf) global id of the cell across each facet, -1 on the boundary
+    neighbours: np.ndarray        # (n, nf) global id of the cell across each facet, -1 on the boundary,
+    #                               -2 for a collapsed cell's degenerate facets (no facets)
     tag_rows: np.ndarray          # (k, 1 + nfv + 1): [cell id, facet vertices (sorted), value] -> cell slices
-
-
-def _facet_keys(cells: np.ndarray, cell_type: str) -> np.ndarray:
-    """Local. ``(n, nf, nfv)`` sorted vertex ids of every facet of every cell."""
-    return np.sort(cells[:, np.asarray(CELL_FACETS[cell_type])], axis=2)
 
 
 def _row_groups(keys: np.ndarray, n_nodes: int):
@@ -168,17 +164,24 @@ def _match_facets(comm: MPI.Comm, cells: np.ndarray, cell_ids: np.ndarray, cell_
     ``facet_tags``: ``(vertices (k, nfv), values (k,))`` read by this rank (any slice);
     each tag is sent on to the rank whose slice holds the lowest-numbered cell having that
     facet (``cell_offsets``). A tag naming a facet that no cell has raises ``ValueError``
-    on every rank, as does a facet shared by more than two cells.
+    on every rank, as does a facet shared by more than two cells. Facets are keyed by
+    :func:`~slasolve.fem.cells.canonical_facets` (a collapsed cell's triangle face meets its
+    neighbour's whichever vertex either repeats); degenerate ones stay home (neighbour -2).
     """
     size = comm.Get_size()
     n, nf = cells.shape[0], len(CELL_FACETS[cell_type])
     nfv = len(CELL_FACETS[cell_type][0])
-    keys = _facet_keys(cells, cell_type).reshape(-1, nfv)
+    keys, valid = facet_keys(cells, cell_type)
+    keys, valid = keys.reshape(-1, nfv), valid.reshape(-1)
     owner_cell = np.repeat(cell_ids, nf)
+    degenerate = not valid.all()
+    if degenerate:
+        keys, owner_cell = keys[valid], owner_cell[valid]
     ex = _Exchange(comm, np.concatenate([keys, owner_cell[:, None]], axis=1), _referee(keys, n_nodes, size))
     if facet_tags is not None:
         tv, tval = facet_tags
-        tkeys = np.sort(np.asarray(tv, dtype=np.int64).reshape(-1, nfv), axis=1)
+        # a degenerate tag's key matches no facet: "no cell has" below
+        tkeys = canonical_facets(np.asarray(tv, dtype=np.int64).reshape(-1, nfv))[0]
         tex = _Exchange(comm, np.concatenate([tkeys, np.asarray(tval, np.int64).reshape(-1, 1)], axis=1),
                         _referee(tkeys, n_nodes, size))
         trecv = tex.recv
@@ -218,7 +221,13 @@ def _match_facets(comm: MPI.Comm, cells: np.ndarray, cell_ids: np.ndarray, cell_
                     tag_rows = np.concatenate([target[:, None], trecv], axis=1)
                     dest = np.searchsorted(cell_offsets, target, side="right") - 1
     check_collective(comm, err)
-    neighbours = ex.back(nbr).reshape(n, nf)
+    back = ex.back(nbr)
+    if degenerate:
+        neighbours = np.full(n * nf, -2, dtype=np.int64)
+        neighbours[valid] = back
+        neighbours = neighbours.reshape(n, nf)
+    else:
+        neighbours = back.reshape(n, nf)
     if facet_tags is not None:
         tag_rows = _Exchange(comm, tag_rows, dest).recv
     return _Facets(neighbours, tag_rows)
@@ -412,7 +421,7 @@ def distribute_cells(comm: Optional[MPI.Comm], cell_type: str, cells: np.ndarray
     # ---- node owners: the lowest touching rank (or the saved layout); boundary flags
     touched = np.unique(my_cells)
     nfv = len(CELL_FACETS[cell_type][0])
-    bfacets = my_cells[:, np.asarray(CELL_FACETS[cell_type])][my_nbr < 0]       # (b, nfv)
+    bfacets = my_cells[:, np.asarray(CELL_FACETS[cell_type])][my_nbr == -1]     # (b, nfv)
     on_boundary = np.isin(touched, bfacets.reshape(-1))
     home = np.searchsorted(point_offsets, touched, side="right") - 1
     ex = _Exchange(comm, np.stack([touched, on_boundary.astype(np.int64)], axis=1), home)

@@ -33,8 +33,19 @@ Cells and vertex ordering (the meshio / VTK conventions)
 
 Elements whose Jacobian determinant is not positive (inverted, i.e. clockwise,
 or degenerate) raise ``ValueError`` naming how many there are and the first one.
-For Q1 elements the determinant is checked at the vertices and the quadrature
-points.
+For Q1 elements the determinant is checked at the quadrature points and at the
+vertices, except at the vertices that a collapsed cell merges (equal to the
+other end of one of their edges), where it is zero by construction.
+
+Collapsed Q1 cells (``read_mesh(..., collapse=True)``, :mod:`slasolve.fem.collapse`):
+a quad ``(a, b, c, c)`` is the triangle ``(a, b, c)``, a hexahedron
+``(a, b, c, c, d, d, d, d)`` the tetrahedron ``(a, b, c, d)``; the element
+matrices have a row and column per local vertex, and the assembly's sum over
+repeated vertices makes them exactly P1's (the shape functions of merged
+vertices sum to the P1 one; ``det J`` is ``2|T|(1 - eta)`` and
+``6|T|(1 - zeta)^2 (1 - eta)``, which the Gauss rules above integrate exactly
+in stiffness, mass and load). Collapsed pyramids ``(a, b, c, d, e, e, e, e)``
+and wedges ``(a, b, c, c, d, e, f, f)`` are the collapsed trilinear elements.
 
 Quadrature: stiffness uses the rule exact for affine geometry (1 point for
 simplices, 2^dim Gauss for Q1); mass and load use rules exact for P1/Q1 products
@@ -59,7 +70,7 @@ import numpy as np
 import torch
 
 from ..sparse import all_finite
-from .cells import CELL_DIM, CELL_TYPES, CELL_VERTICES
+from .cells import CELL_DIM, CELL_EDGES, CELL_TYPES, CELL_VERTICES
 
 __all__ = ["CELL_TYPES", "cell_dim", "n_vertices", "infer_cell", "stiffness", "mass",
            "load", "element_volume", "elasticity_stiffness", "elasticity_parts"]
@@ -267,6 +278,30 @@ def _det_inv(J: torch.Tensor):
     return det, adj / det[..., None, None]
 
 
+def _merged_vertices(coords: torch.Tensor, cell: str) -> torch.Tensor:
+    """Local. ``(E, nv)`` bool: the vertex equals the other end of one of its edges (a
+    collapsed Q1 cell's merged vertices, where det J is zero by construction)."""
+    e = torch.as_tensor(CELL_EDGES[cell], device=coords.device)                   # (ne, 2)
+    zero = (coords[:, e[:, 0]] == coords[:, e[:, 1]]).all(-1)                      # (E, ne)
+    inc = torch.zeros(e.shape[0], CELL_VERTICES[cell], dtype=coords.dtype, device=coords.device)
+    inc[torch.arange(e.shape[0]), e[:, 0]] = 1
+    inc[torch.arange(e.shape[0]), e[:, 1]] = 1
+    return (zero.to(coords.dtype) @ inc) > 0
+
+
+def distinct_mean(coords: torch.Tensor) -> torch.Tensor:
+    """Local. ``(..., dim)`` average of the distinct vertices of ``coords`` ``(..., nv, dim)``:
+    the vertex average of the triangle / tetrahedron / ... a collapsed Q1 cell (or facet) is
+    (a plain ``mean`` weights its repeated vertices twice). Vertices are the same when their
+    coordinates are equal (a repeated node has the very same values)."""
+    nv = coords.shape[-2]
+    with torch.no_grad():
+        same = (coords[..., :, None, :] == coords[..., None, :, :]).all(-1)       # (..., nv, nv)
+        earlier = torch.ones(nv, nv, dtype=torch.bool, device=coords.device).tril(-1)
+        w = (~(same & earlier).any(-1)).to(coords.dtype)                           # first occurrences
+    return (coords * w[..., None]).sum(-2) / w.sum(-1)[..., None]
+
+
 def _check_orientation(coords: torch.Tensor, cell: str, dNcheck: torch.Tensor) -> None:
     if coords.shape[0] == 0:
         return
@@ -275,13 +310,25 @@ def _check_orientation(coords: torch.Tensor, cell: str, dNcheck: torch.Tensor) -
         # relative tolerance: a degenerate element has det ~ 0 up to rounding
         scale = (coords.amax(1) - coords.amin(1)).amax(-1) ** CELL_DIM[cell]  # (E,)
         tol = 64 * torch.finfo(coords.dtype).eps * scale
-        bad = (det <= tol[:, None]).any(1)
+        low = det <= tol[:, None]
+        merged = None
+        if cell in CELL_EDGES:      # the last nv columns are the vertices: skip merged ones
+            nv = CELL_VERTICES[cell]
+            merged = _merged_vertices(coords, cell)
+            low[:, -nv:] &= ~merged
+        bad = low.any(1)
         nbad = int(bad.sum())
     if nbad:
         first = int(torch.nonzero(bad)[0, 0])
+        hint = ""
+        if merged is not None and bool(merged[bad].any()):
+            ncol = int(merged[bad].any(1).sum())
+            hint = (f"; {ncol} of them collapsed (repeated vertices: a pyramid or wedge read with collapse=True "
+                    f"whose trilinear map folds, e.g. a pyramid lower than its base is twisted; such a mesh "
+                    f"needs better cells, or simplices=True)")
         raise ValueError(f"{nbad} {cell} element(s) with non-positive Jacobian determinant "
                          f"(inverted or degenerate); first is element {first} "
-                         f"(local index in coords), min det J = {float(det[first].min()):.3e}")
+                         f"(local index in coords), min det J = {float(det[first][low[first]].min()):.3e}{hint}")
 
 
 def _gram(G: torch.Tensor, wq: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from .._comm import check_collective, exchange_by_rank, reply_by_rank
 from . import elements as _el
-from .cells import CELL_FACETS
+from .cells import CELL_FACETS, facet_keys
 from .mesh import Mesh
 
 if TYPE_CHECKING:  # annotations only: the Assembler's neumann() calls into this module
@@ -109,8 +109,9 @@ class BoundaryFacets:
                               self.nodes[mask], self.coords[mask], cc)
 
     def centroids(self) -> torch.Tensor:
-        """Local. ``(F, dim)`` vertex averages."""
-        return self.coords.mean(1)
+        """Local. ``(F, dim)`` vertex averages (of the distinct vertices: a collapsed cell's
+        triangle facet ``(a, b, c, c)`` has the triangle's)."""
+        return _el.distinct_mean(self.coords)
 
     def measures(self) -> torch.Tensor:
         """Local. ``(F,)`` lengths (2-D) / areas (3-D)."""
@@ -150,13 +151,15 @@ def _find_boundary(mesh: Mesh) -> BoundaryFacets:
     nf, nfv = table.shape
     gc = mesh.cells.to(torch.int64)
     E = gc.shape[0]
-    nodes = gc[:, table]                                           # (E, nf, nfv)
-    keys = torch.sort(nodes.reshape(E * nf, nfv), dim=1).values
+    k, valid = facet_keys(gc.numpy(), cell)                      # (E, nf, nfv), (E, nf)
+    keys = torch.from_numpy(k.reshape(E * nf, nfv))
     if E:
         uk, inv, cnt = torch.unique(keys, dim=0, return_inverse=True, return_counts=True)
     else:
         uk, inv, cnt = keys, keys[:, 0], keys[:, 0]
     once = cnt == 1
+    if E and not valid.all():       # a collapsed cell's degenerate facets are no facets (keys of their own)
+        once[inv[torch.from_numpy(~valid.reshape(-1))]] = False
     if size > 1:
         cand = uk[once].numpy()                                    # (k, nfv), rows sorted by key
         offsets = np.asarray(comm.allgather(int(mesh.owned_range[0])), dtype=np.int64)
@@ -189,7 +192,7 @@ def _find_boundary(mesh: Mesh) -> BoundaryFacets:
     fnodes = gc[c[:, None], verts]
     lc = mesh.local_cells()
     coords = mesh.node_coords[lc[c[:, None], verts]]
-    return BoundaryFacets(cell, c, f, verts, fnodes, coords, mesh.node_coords[lc[c]].mean(1))
+    return BoundaryFacets(cell, c, f, verts, fnodes, coords, _el.distinct_mean(mesh.node_coords[lc[c]]))
 
 
 def _cache_key(mesh: Mesh):

@@ -31,7 +31,8 @@ from mpi4py import MPI
 from .._comm import allreduce_int, check_collective, get_comm
 from ..placement import split_offsets
 from .cells import (CELL_DIM, CELL_FACETS, CELL_TYPES, CELL_VERTICES, CELLS_PER_BOX, HEX_BITS, KUHN_TETS,
-                    MESHIO_DIM, ORIENTATION_FLIP, QUAD_BITS, TRI_BITS, signed_measure)
+                    MESHIO_DIM, ORIENTATION_FLIP, QUAD_BITS, TRI_BITS, facet_keys, signed_measure)
+from .collapse import COLLAPSE_TYPES, collapse_cells, collapse_facets
 from .simplex_split import SPLIT_TYPES, split_cells, split_facets
 
 __all__ = ["Mesh", "FacetTags", "box_mesh", "boundary_nodes", "read_mesh", "write_mesh", "read_pvtu"]
@@ -291,19 +292,20 @@ def boundary_nodes(mesh: Mesh, where: Optional[Callable[[torch.Tensor], torch.Te
 
 
 def _boundary_points(cells: np.ndarray, cell: str, n_points: int) -> np.ndarray:
-    facets = np.concatenate([cells[:, f] for f in CELL_FACETS[cell]], axis=0)
-    key = np.sort(facets, axis=1)
+    keys, valid = facet_keys(cells, cell)
+    key = keys[valid]                        # a collapsed cell's degenerate facets are no facets
     _, inv, counts = np.unique(key, axis=0, return_inverse=True, return_counts=True)
     once = counts[inv.reshape(-1)] == 1
     mask = np.zeros(n_points, dtype=bool)
-    mask[facets[once].reshape(-1)] = True
+    mask[key[once].reshape(-1)] = True
     return mask
 
 
 def _local_facets(cells: np.ndarray, keys: np.ndarray, cell: str) -> np.ndarray:
-    """Local. Which facet of ``cells[i]`` has the sorted vertices ``keys[i]`` (each must have one)."""
-    fk = np.sort(cells[:, np.asarray(CELL_FACETS[cell])], axis=2)          # (k, nf, nfv)
-    return (fk == keys[:, None, :]).all(axis=2).argmax(axis=1).astype(np.int64)
+    """Local. Which facet of ``cells[i]`` has the key ``keys[i]`` (:func:`~slasolve.fem.cells.canonical_facets`;
+    each must have one)."""
+    fk, valid = facet_keys(cells, cell)                                    # (k, nf, nfv)
+    return ((fk == keys[:, None, :]).all(axis=2) & valid).argmax(axis=1).astype(np.int64)
 
 
 def _facet_tags(cells: np.ndarray, local_facet: np.ndarray, values: np.ndarray) -> FacetTags:
@@ -393,36 +395,42 @@ _MESHIO_FACET = {"triangle": "line", "quad": "line", "tetra": "triangle", "hexah
 _TAG_KEYS = ("gmsh:physical", "cell_tags", "medit:ref")
 
 
-def _meshio_arrays(path: str, who: str, simplices: bool = False):
+def _meshio_arrays(path: str, who: str, simplices: bool = False, collapse: bool = False):
     """Rank 0: ``(cell type, cells, points, cell tags or None, (facet vertices, facet tags) or None)``
     of a meshio-readable file, every problem a ``ValueError`` naming the file.
 
     The blocks of the highest-dimensional cells must all be of one supported type (several
     blocks of it are concatenated, in file order), or, with ``simplices``, of any types
     :func:`~slasolve.fem.simplex_split.split_cells` splits (then split into triangles or
-    tetrahedra, each keeping its cell's tag); blocks one dimension lower carry facet tags and
-    must be of that type's facet type (split alike). Tags are the first of ``_TAG_KEYS``
-    present (gmsh physical groups, ...); facet blocks without tags carry nothing and are
-    dropped."""
+    tetrahedra, each keeping its cell's tag), or, with ``collapse``, of any types
+    :func:`~slasolve.fem.collapse.collapse_cells` takes (then quads or hexahedra, triangles,
+    tetrahedra, pyramids and wedges as collapsed ones); blocks one dimension lower carry facet
+    tags and must be of that type's facet type (split or padded alike). Tags are the first of
+    ``_TAG_KEYS`` present (gmsh physical groups, ...); facet blocks without tags carry nothing
+    and are dropped."""
     m = _meshio_read(path)
     blocks = [(i, b.type, np.asarray(b.data)) for i, b in enumerate(m.cells) if len(b.data)]
     if not blocks:
         raise ValueError(f"{who}: {path!r} contains no cells")
     tdim = max(MESHIO_DIM.get(t, -1) for _, t, _ in blocks)
     types = sorted({t for _, t, _ in blocks if MESHIO_DIM.get(t, -1) == tdim})
-    if simplices:
-        unsupported = [t for t in types if t not in SPLIT_TYPES]
+    either = (f"pass simplices=True to split every cell into {'triangles' if tdim == 2 else 'tetrahedra'} (P1), "
+              f"or collapse=True to make every cell a {'quad' if tdim == 2 else 'hexahedron'}, collapsed on "
+              f"{'triangles' if tdim == 2 else 'tetrahedra, pyramids and wedges'} (Q1 on the "
+              f"{'quads' if tdim == 2 else 'hexahedra'}, P1 on the {'triangles' if tdim == 2 else 'tetrahedra'})")
+    if simplices or collapse:
+        table, option = (SPLIT_TYPES, "simplices") if simplices else (COLLAPSE_TYPES, "collapse")
+        unsupported = [t for t in types if t not in table]
         if unsupported:
-            raise ValueError(f"{who}: {path!r} has {tdim}-D cells of type {unsupported}; simplices=True splits "
-                             f"{sorted(SPLIT_TYPES)} (first order only)")
+            raise ValueError(f"{who}: {path!r} has {tdim}-D cells of type {unsupported}; {option}=True takes "
+                             f"{sorted(table)} (first order only)")
         facet_types = ("line",) if tdim == 2 else ("triangle", "quad")
     else:
         if len(types) > 1:
             raise ValueError(f"{who}: {path!r} mixes {tdim}-D cell types {types}: a Mesh holds one cell type "
-                             f"(one of {CELL_TYPES}); pass simplices=True to split every cell into "
-                             f"{'triangles' if tdim == 2 else 'tetrahedra'} (P1)")
+                             f"(one of {CELL_TYPES}); {either}")
         if types[0] not in CELL_DIM:
-            hint = "; pass simplices=True to split them into tetrahedra (P1)" if types[0] in SPLIT_TYPES else ""
+            hint = f"; {either}" if types[0] in SPLIT_TYPES else ""
             raise ValueError(f"{who}: {path!r} has {tdim}-D cells of type {types[0]!r}; supported: one of "
                              f"{CELL_TYPES} (P1/Q1: no higher-order cells, wedges or pyramids){hint}")
         facet_types = (_MESHIO_FACET[types[0]],)
@@ -454,6 +462,9 @@ def _meshio_arrays(path: str, who: str, simplices: bool = False):
         if facet_blocks:
             fcells, fparent = split_facets(facet_blocks)
             ftags = None if ftags is None else ftags[fparent]
+    elif collapse:
+        ct, cells = collapse_cells(cell_blocks, points.shape[0])
+        fcells = collapse_facets(facet_blocks) if facet_blocks else None
     else:
         ct, cells = types[0], np.concatenate([d for _, d in cell_blocks])
         fcells = np.concatenate([d for _, d in facet_blocks]) if facet_blocks else None
@@ -462,12 +473,12 @@ def _meshio_arrays(path: str, who: str, simplices: bool = False):
     return ct, cells, points, ctags, (None if fcells is None else (fcells, ftags))
 
 
-def _read_and_distribute(path, size: int, partition: str, simplices: bool = False):
+def _read_and_distribute(path, size: int, partition: str, simplices: bool = False, collapse: bool = False):
     """Rank 0: read, clean up, partition and split the mesh into one payload per rank."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"read_mesh: no such file: {path!r}")
-    cell, cells, points, ctags, ftags = _meshio_arrays(path, "read_mesh", simplices)
+    cell, cells, points, ctags, ftags = _meshio_arrays(path, "read_mesh", simplices, collapse)
     dim = CELL_DIM[cell]
     if points.ndim != 2 or points.shape[1] < dim:
         raise ValueError(f"read_mesh: {path!r} has {points.shape[-1]}-D points for {dim}-D {cell} cells")
@@ -533,6 +544,18 @@ def _read_and_distribute(path, size: int, partition: str, simplices: bool = Fals
     return meta, payloads
 
 
+def _mixed_cell_options(who: str, simplices, collapse) -> Optional[Exception]:
+    """Local. The error (or None) of :func:`read_mesh`'s / ``convert_mesh``'s ``simplices`` and
+    ``collapse`` (bools, not both)."""
+    for name, v in (("simplices", simplices), ("collapse", collapse)):
+        if not isinstance(v, bool):
+            return TypeError(f"{who}: {name} must be a bool, got {type(v).__name__}")
+    if simplices and collapse:
+        return ValueError(f"{who}: simplices=True (P1 on simplices) and collapse=True (Q1 on collapsed cells) "
+                          f"exclude each other; pass one")
+    return None
+
+
 #: (suffixes, accepts(path) or None, reader(path, comm=, partition=, dtype=)) of the parallel
 #: readers :func:`read_mesh` dispatches to (registered by their modules: slasolve.fem.xdmf)
 _PARALLEL_READERS: list = []
@@ -557,7 +580,7 @@ def register_mesh_reader(suffixes: Tuple[str, ...], reader: Callable[..., "Mesh"
 
 
 def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, partition: Optional[str] = None,
-              dtype: torch.dtype = torch.float64, simplices: bool = False) -> Mesh:
+              dtype: torch.dtype = torch.float64, simplices: bool = False, collapse: bool = False) -> Mesh:
     """Collective. Read a mesh file and distribute it.
 
     **XDMF + HDF5** (``.xdmf``; as written by :func:`slasolve.fem.write_xdmf`, DOLFINx or
@@ -573,14 +596,14 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
     file's point / cell index of each local node / cell. Grids of two cell types of the
     top dimension (mixed volume cells) raise ``ValueError`` naming the file and the types.
     Convert other formats once with :func:`slasolve.fem.convert_mesh` (with
-    ``simplices=True`` for mixed cell types).
+    ``collapse=True`` or ``simplices=True`` for mixed cell types).
 
     **Other formats**, and XDMF files with several cell blocks (a ``Mixed`` topology) or
     inline data (meshio on rank 0, for meshes that fit on one node): as follows.
     Rank 0 reads the file (only ``path`` on rank 0 is used) and keeps the block(s)
     of the highest-dimensional cell type (one of ``triangle``, ``quad``, ``tetra``,
     ``hexahedron``; two types of that dimension, e.g. triangles and quads, raise
-    ``ValueError`` naming the file and the types, unless ``simplices``), with their tags (gmsh physical groups,
+    ``ValueError`` naming the file and the types, unless ``collapse`` or ``simplices``), with their tags (gmsh physical groups,
     ``cell_tags`` or ``medit:ref``) in ``mesh.cell_tags`` and the tagged blocks of
     their facet type (lines, triangles or quads) in ``mesh.facet_tags``, as
     :func:`slasolve.fem.convert_mesh` keeps them; points not used by those cells are dropped, and flat 2-D
@@ -598,23 +621,38 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
     every rank. ``partition`` and ``dtype`` must be the same on every rank.
     ``mesh.original_ids`` gives each local node's index in the file's points.
 
-    **Mixed cell types** (``simplices=True``, this path only): the cells of the top dimension
-    may mix triangles and quads, or tetrahedra, hexahedra, wedges and pyramids (gmsh's
-    recombined, boundary-layer and hex-dominant meshes); every cell is split into triangles
-    or tetrahedra that fit together across cells and ranks
-    (:mod:`slasolve.fem.simplex_split`: quadrilateral faces cut along the diagonal through
-    their smallest point index; each hexahedron into 12 tetrahedra around a new point at its
-    vertex average, which gets a point index past the file's in ``original_ids``), keeping
-    each cell's tag on its pieces and splitting tagged quadrilateral facets alike. The mesh
-    is then P1 on simplices; Q1 on the quads or hexahedra of a mixed mesh is not supported
-    (a ``Mesh`` holds one cell type). For XDMF files read in parallel, split once with
-    ``convert_mesh(src, dst, simplices=True)`` instead (``simplices=True`` on such a file of
-    quads or hexahedra raises ``ValueError``).
+    **Mixed cell types** (this path only; ``collapse`` and ``simplices`` exclude each other): the
+    cells of the top dimension may mix triangles and quads, or tetrahedra, pyramids, wedges and
+    hexahedra (gmsh's recombined, boundary-layer and hex-dominant meshes).
+
+    * ``collapse=True``: Q1 on every cell. The mesh is a ``"quad"`` / ``"hexahedron"`` mesh
+      whose triangles, tetrahedra, pyramids and wedges are collapsed Q1 cells with repeated
+      vertices (:mod:`slasolve.fem.collapse`: triangle ``(a, b, c, c)``, tetrahedron
+      ``(a, b, c, c, d, d, d, d)``, pyramid ``(a, b, c, d, e, e, e, e)``, wedge
+      ``(a, b, c, c, d, e, f, f)``). On a collapsed triangle or tetrahedron the element is
+      exactly P1, on a pyramid or wedge the collapsed trilinear element, on quads and
+      hexahedra Q1; together they are conforming. Each cell keeps its tag (one cell per file
+      cell, ``original_cell_ids`` the file's); tagged triangle facets are padded alike.
+      A cell's degenerate facets (its repeated vertex in 2-D, a point or an edge in 3-D) are
+      no facets (not boundary, not in the dual graph). A collapsed tetrahedron costs an 8x8
+      element matrix (4x4 on a native tetra mesh).
+    * ``simplices=True``: P1 on every cell. Every cell is split into triangles or tetrahedra
+      that fit together across cells and ranks (:mod:`slasolve.fem.simplex_split`:
+      quadrilateral faces cut along the diagonal through their smallest point index; each
+      hexahedron into 12 tetrahedra around a new point at its vertex average, which gets a
+      point index past the file's in ``original_ids``), keeping each cell's tag on its pieces
+      and splitting tagged quadrilateral facets alike.
+
+    For XDMF files read in parallel, convert once with ``convert_mesh(src, dst, collapse=True)``
+    (or ``simplices=True``) instead: the file then holds one cell type. Either option on an
+    XDMF file read in parallel whose cells the option would not make (``simplices=True`` on
+    quads or hexahedra, ``collapse=True`` on triangles or tetrahedra) raises ``ValueError``.
+    Both options at once, or on a file with higher-order cells, raise ``ValueError`` on every
+    rank.
     """
     comm = get_comm(comm)
-    check_collective(comm, None if isinstance(simplices, bool) else
-                     TypeError(f"simplices must be a bool, got {type(simplices).__name__}"),
-                     agree={"simplices": simplices})
+    check_collective(comm, _mixed_cell_options("read_mesh", simplices, collapse),
+                     agree={"simplices": simplices, "collapse": collapse})
     if isinstance(path, (str, os.PathLike)):
         for suffixes, accepts, reader in _PARALLEL_READERS:
             # a file the parallel reader does not take (meshio's XDMF with a Mixed topology or
@@ -622,11 +660,13 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
             if os.fspath(path).lower().endswith(suffixes) and allreduce_int(
                     comm, int(accepts is None or bool(accepts(path))), op=MPI.MIN):
                 mesh = reader(path, comm=comm, partition=partition, dtype=dtype)
-                if simplices and mesh.cell_type not in ("triangle", "tetra"):
+                option = "simplices" if simplices else "collapse" if collapse else None
+                if option and (mesh.cell_type in ("triangle", "tetra")) != bool(simplices):
                     # the cell type is the file's, the same on every rank
-                    raise ValueError(f"read_mesh: {os.fspath(path)!r} holds {mesh.cell_type} cells; simplices=True "
-                                     f"splits cells while reading other formats: convert the source mesh with "
-                                     f"convert_mesh(src, dst, simplices=True) and read dst")
+                    raise ValueError(f"read_mesh: {os.fspath(path)!r} holds {mesh.cell_type} cells; {option}=True "
+                                     f"{'splits' if simplices else 'collapses'} cells while reading other formats: "
+                                     f"convert the source mesh with convert_mesh(src, dst, {option}=True) and "
+                                     f"read dst")
                 return mesh
     if partition is None:
         partition = "metis"
@@ -640,7 +680,7 @@ def read_mesh(path: Union[str, os.PathLike], comm: Optional[MPI.Comm] = None, pa
     result = None
     if rank == 0:
         try:
-            result = _read_and_distribute(path, size, partition, simplices)
+            result = _read_and_distribute(path, size, partition, simplices, collapse)
         except Exception as e:  # noqa: BLE001 - broadcast to every rank below
             err = e
     if size > 1:

@@ -45,7 +45,7 @@ from mpi4py import MPI
 from .._comm import check_collective, get_comm, settings_digest
 from .._hashing import mix64
 from .cells import CELL_DIM, CELL_FACETS, CELL_VERTICES
-from .mesh import Mesh, _balanced_split, _np, _meshio_arrays, register_mesh_reader
+from .mesh import Mesh, _balanced_split, _np, _meshio_arrays, _mixed_cell_options, register_mesh_reader
 
 if TYPE_CHECKING:
     from ..dsparse import DSparseTensor
@@ -1031,7 +1031,7 @@ def read_matrix(path: Union[str, os.PathLike], mesh: Mesh, name: str, step: Opti
 
 # --------------------------------------------------------------------------- conversion
 def convert_mesh(src: Union[str, os.PathLike], dst: Union[str, os.PathLike],
-                 comm: Optional[MPI.Comm] = None, simplices: bool = False) -> str:
+                 comm: Optional[MPI.Comm] = None, simplices: bool = False, collapse: bool = False) -> str:
     """Collective. Convert a mesh file (gmsh ``.msh`` v2/v4, VTK, ...) to XDMF + HDF5, once.
 
     Rank 0 reads ``src`` with meshio and writes ``dst`` (``.xdmf``) and its ``.h5``, which
@@ -1043,10 +1043,14 @@ def convert_mesh(src: Union[str, os.PathLike], dst: Union[str, os.PathLike],
     order, wedges, mixed volumes), or facet blocks of another type, raise ``ValueError``
     naming the file, on every rank. Returns ``dst``.
 
-    ``simplices=True``: cells of mixed types (triangles and quads; tetrahedra, hexahedra,
-    wedges and pyramids) are split into triangles or tetrahedra that fit together, with their
-    tags, as :func:`slasolve.fem.read_mesh` describes; the file then holds a P1 simplex mesh
-    that every later read takes in parallel.
+    Cells of mixed types (triangles and quads; tetrahedra, pyramids, wedges and hexahedra),
+    as :func:`slasolve.fem.read_mesh` describes (the two options exclude each other):
+    ``collapse=True`` writes every cell as a quad / hexahedron, the triangles, tetrahedra,
+    pyramids and wedges as collapsed ones (repeated vertices; Q1 on every cell, exactly P1 on
+    the triangles / tetrahedra), one per file cell with its tag, tagged triangle facets padded
+    to ``(a, b, c, c)``; ``simplices=True`` splits every cell into triangles or tetrahedra
+    that fit together, with their tags (P1). The file then holds one cell type, which every
+    later read takes in parallel.
 
     Why a conversion and not a parallel ``.msh`` reader: a ``.msh`` file stores nodes and
     elements in per-entity blocks of varying sizes (ASCII lines of varying lengths), so a
@@ -1059,15 +1063,15 @@ def convert_mesh(src: Union[str, os.PathLike], dst: Union[str, os.PathLike],
     err = None
     if not dst.endswith(".xdmf"):
         err = ValueError(f"convert_mesh: dst must name an .xdmf file, got {dst!r}")
-    elif not isinstance(simplices, bool):
-        err = TypeError(f"convert_mesh: simplices must be a bool, got {type(simplices).__name__}")
-    check_collective(comm, err, agree={"src": src, "dst": dst, "simplices": simplices})
+    else:
+        err = _mixed_cell_options("convert_mesh", simplices, collapse)
+    check_collective(comm, err, agree={"src": src, "dst": dst, "simplices": simplices, "collapse": collapse})
     if comm.Get_rank() == 0:
         try:
             h5py = _h5py()
             if not os.path.exists(src):
                 raise FileNotFoundError(f"convert_mesh: no such file: {src!r}")
-            ct, cells, points, ctags, ftags = _meshio_arrays(src, "convert_mesh", simplices)
+            ct, cells, points, ctags, ftags = _meshio_arrays(src, "convert_mesh", simplices, collapse)
             dim = CELL_DIM[ct]
             if points.shape[1] > dim and np.all(points[:, dim:] == points[:1, dim:]):
                 points = points[:, :dim]
