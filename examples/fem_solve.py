@@ -13,7 +13,9 @@ the facets tagged ``--clamp`` (a gmsh physical group, default 1) are clamped (``
 the facets tagged ``--load`` (default 2) carry a traction ``--traction`` along the last axis
 (elasticity) or a flux (Poisson), with the source 1 for Poisson.
 ``examples/gmsh_bracket.py`` makes such a file with gmsh. A ``.msh`` that mixes cell types
-needs ``--simplices`` (every cell split into triangles / tetrahedra, P1).
+needs ``--collapse`` (Q1 on every cell: triangles, tetrahedra, pyramids and wedges as
+collapsed quads / hexahedra) or ``--simplices`` (every cell split into triangles /
+tetrahedra, P1).
 
 The exact solutions are manufactured (``u = Π sin(π x_k)``, every displacement
 component the same for elasticity, 2-D plane strain), with homogeneous Dirichlet
@@ -72,9 +74,12 @@ def parse_args(argv=None):
     p.add_argument("--clamp", type=int, default=1, help="facet tag of the clamped (u = 0) facets (--mesh)")
     p.add_argument("--load", type=int, default=2, help="facet tag of the loaded facets (--mesh)")
     p.add_argument("--traction", type=float, default=-1.0, help="traction along the last axis / flux (--mesh)")
-    p.add_argument("--simplices", action="store_true",
-                   help="split the cells of a mixed .msh (triangles + quads; tetrahedra, pyramids, wedges, "
-                        "hexahedra) into simplices when converting it (--mesh)")
+    mixed = p.add_mutually_exclusive_group()
+    mixed.add_argument("--collapse", action="store_true",
+                       help="make every cell of a mixed .msh (triangles + quads; tetrahedra, pyramids, wedges, "
+                            "hexahedra) a collapsed quad / hexahedron (Q1) when converting it (--mesh)")
+    mixed.add_argument("--simplices", action="store_true",
+                       help="split the cells of a mixed .msh into simplices (P1) when converting it (--mesh)")
     args = parse_petsc_args(p, argv)   # -ksp_monitor, -log_view ... go to PETSc
     if args.cell is None:
         args.cell = CELLS[args.dim][0]
@@ -110,7 +115,7 @@ def run_file(args, comm, say) -> int:
     path = args.mesh
     if not path.lower().endswith((".xdmf", ".xmf")):
         path = os.path.splitext(path)[0] + ".xdmf"
-        convert_mesh(args.mesh, path, comm=comm, simplices=args.simplices)
+        convert_mesh(args.mesh, path, comm=comm, simplices=args.simplices, collapse=args.collapse)
         times["convert"] = time.perf_counter() - t0
         t0 = time.perf_counter()
     mesh = read_mesh(path, comm=comm)
