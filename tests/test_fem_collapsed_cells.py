@@ -118,6 +118,14 @@ def test_collapsed_reference_cells():
         keys, valid = facet_keys(cells, q)
         assert valid.sum() == faces[kind], kind
         assert len({tuple(k) for k in keys[valid]}) == faces[kind], kind
+    # the Jacobian check skips only merged vertices: an inverted collapsed tetrahedron and a
+    # pyramid lower than its base is twisted (its trilinear map folds) still raise, naming them
+    tet = torch.tensor([[0, 0, 0], [1, 0, 0], [0, 1, 0], [0, 0, 1]], dtype=F64)
+    folded = torch.tensor([[0, 0, 0], [1, 0, 0.2], [1, 1, 0], [0, 1, 0.2], [0.5, 0.5, 0.05]], dtype=F64)
+    for kind, x in (("tetra", tet[[0, 2, 1, 3]]), ("pyramid", folded)):
+        _, cells = collapse_cells([(kind, np.arange(len(x))[None])], len(x))
+        with pytest.raises(ValueError, match="non-positive Jacobian.*1 of them collapsed"):
+            element_volume(x[torch.from_numpy(cells)], "hexahedron")
 
 
 def test_collapse_conforms_on_random_numberings():

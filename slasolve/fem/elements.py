@@ -311,18 +311,22 @@ def _check_orientation(coords: torch.Tensor, cell: str, dNcheck: torch.Tensor) -
         scale = (coords.amax(1) - coords.amin(1)).amax(-1) ** CELL_DIM[cell]  # (E,)
         tol = 64 * torch.finfo(coords.dtype).eps * scale
         low = det <= tol[:, None]
-        merged = None
+        collapsed = None
         if cell in CELL_EDGES:      # the last nv columns are the vertices: skip merged ones
             nv = CELL_VERTICES[cell]
-            merged = _merged_vertices(coords, cell)
-            low[:, -nv:] &= ~merged
+            suspect = torch.nonzero(low[:, -nv:].any(1)).flatten()   # only those (none on most meshes)
+            if suspect.numel():
+                merged = _merged_vertices(coords[suspect], cell)
+                low[suspect, -nv:] &= ~merged
+                collapsed = torch.zeros(coords.shape[0], dtype=torch.bool, device=coords.device)
+                collapsed[suspect] = merged.any(1)
         bad = low.any(1)
         nbad = int(bad.sum())
     if nbad:
         first = int(torch.nonzero(bad)[0, 0])
         hint = ""
-        if merged is not None and bool(merged[bad].any()):
-            ncol = int(merged[bad].any(1).sum())
+        if collapsed is not None and bool(collapsed[bad].any()):
+            ncol = int(collapsed[bad].sum())
             hint = (f"; {ncol} of them collapsed (repeated vertices: a pyramid or wedge read with collapse=True "
                     f"whose trilinear map folds, e.g. a pyramid lower than its base is twisted; such a mesh "
                     f"needs better cells, or simplices=True)")
