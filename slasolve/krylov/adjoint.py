@@ -98,7 +98,7 @@ class AdjointSolve(AdjointFunction):
             sums = ctx.sym_sums if known and not changed and ctx.sym_sums is not None else None
             out[1:1 + SYMMETRY_SUMS] = symmetry_sums(ctx.dA) if sums is None else sums
         if known:
-            gn = g.detach()
+            gn = g.detach() if g.requires_grad else g   # (a gradient of backward without create_graph does not)
             gn = (gn if gn.dtype == torch.float64 and gn.device.type == "cpu" else
                   gn.to(device="cpu", dtype=torch.float64)).contiguous().numpy()
             out[-2], out[-1] = changed, gn.dot(gn)
