@@ -71,6 +71,12 @@ class AdjointSolve(AdjointFunction):
 
     name = "slasolve.solve"
 
+    @classmethod
+    def backward(cls, ctx, g):
+        """Collective. :meth:`AdjointFunction.backward` on ``g`` made contiguous once (the gradient
+        of a ``sum`` is an expanded, stride-0 view: every later ``contiguous()`` would copy it)."""
+        return super().backward(ctx, g.contiguous())
+
     @staticmethod
     def early_flag(ctx, g) -> bool:
         """Local. Whether the adjoint solve differs from the forward's here (see
