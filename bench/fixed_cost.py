@@ -14,7 +14,10 @@ Values do not change between calls (no preconditioner set-up), except where said
   ``LinearProblem.solve()`` itself (assembly of A and b included).
 * ``solve + backward``: ``x = solve(K, f)`` with ``f.requires_grad_()``, ``x.sum().backward()``
   (one adjoint solve) against raw ``ksp.solve`` twice (forward and adjoint: the matrix is
-  symmetric).
+  symmetric) and against what a DOLFINx user writes for ``J = sum(u)``: ``LinearProblem.solve()``,
+  then the adjoint by hand, ``dJ/du`` (ones) set into a Vec and one more ``ksp.solve`` on the
+  problem's KSP (``K`` is symmetric), whose solution is ``dJ/db``. The run checks that it equals
+  slasolve's ``f.grad`` (dofs matched by their coordinates) and prints the relative difference.
 * ``nonlinear_solve``: ``-div((1 + u^2) grad u) = 10`` with ``NonlinearDiffusion`` +
   ``nonlinear_solve`` (GMRES + GAMG; 4 Newton steps) against DOLFINx ``NewtonSolver.solve``
   (its residual and Jacobian assembly included, as slasolve's) and against a raw petsc4py SNES
@@ -72,7 +75,14 @@ def slasolve_calls(n: int, comm):
         return slasolve.nonlinear_solve(P.residual, u0, jacobian=P.jacobian, rtol=1e-10,
                                         linear_solver=dict(method="gmres", pc="gamg", rtol=1e-10))
 
-    return K, f, {"solve": solve, "solve + backward": solve_backward, "nonlinear_solve": newton}, (P, u0)
+    def adjoint_reference():
+        """Collective. slasolve's ``dJ/df`` for ``J = sum(x)`` and the owned dofs' coordinates."""
+        fr = f.clone().requires_grad_(True)
+        slasolve.global_sum(slasolve.solve(K, fr, "cg", pc="gamg", rtol=RTOL).sum(), comm).backward()
+        return fr.grad.numpy().copy(), sp.owned_dof_coords().numpy()[:, :2].copy()
+
+    return K, f, {"solve": solve, "solve + backward": solve_backward, "nonlinear_solve": newton}, (P, u0), \
+        adjoint_reference
 
 
 def raw_snes(P, u0, comm):
@@ -150,13 +160,16 @@ def raw_calls(K, f, comm):
 
 
 def dolfinx_calls(n: int, comm):
+    """Collective. DOLFINx's calls (an empty dict without DOLFINx) and ``adjoint_check(grad, coords)``:
+    the relative 2-norm difference between the hand adjoint's ``dJ/db`` and ``grad`` (slasolve's
+    ``f.grad``, this rank's owned dofs at ``coords``), matched by dof coordinates."""
     try:
         import ufl
         from dolfinx import fem, mesh
         from dolfinx.fem import petsc as fpetsc
         from dolfinx.nls.petsc import NewtonSolver
     except ImportError:
-        return {}
+        return {}, None
     logging.disable(logging.INFO)   # FFCx and the C compiler log every JIT build at INFO
     msh = mesh.create_unit_square(comm, n, n, mesh.CellType.triangle, diagonal=mesh.DiagonalType.right)
     V = fem.FunctionSpace(msh, ("Lagrange", 1))
@@ -182,7 +195,29 @@ def dolfinx_calls(n: int, comm):
         uh.x.array[:] = 0.0
         newton.solve(uh)
 
-    return {"solve": lp.solve, "nonlinear_solve": nl}
+    # the hand adjoint of J = sum(u): K^T lam = dJ/du = 1 with the forward's KSP (K symmetric, its
+    # Dirichlet rows and columns eliminated alike), lam = dJ/db
+    g, lam = lp.b.duplicate(), lp.b.duplicate()
+
+    def solve_adjoint():
+        lp.solve()
+        g.set(1.0)
+        lp.solver.solve(g, lam)
+
+    def adjoint_check(grad: np.ndarray, coords: np.ndarray) -> float:
+        solve_adjoint()
+        n_owned = V.dofmap.index_map.size_local
+        mine = (np.asarray(lam.getArray(readonly=True))[:n_owned].copy(),
+                V.tabulate_dof_coordinates()[:n_owned, :2].copy())
+        parts = comm.allgather((mine, (grad, coords)))
+        out = []
+        for k in range(2):
+            v = np.concatenate([p[k][0] for p in parts])
+            xy = np.round(np.concatenate([p[k][1] for p in parts]), 10)
+            out.append(v[np.lexsort((xy[:, 1], xy[:, 0]))])
+        return float(np.linalg.norm(out[0] - out[1]) / np.linalg.norm(out[1]))
+
+    return {"solve": lp.solve, "solve + backward": solve_adjoint, "nonlinear_solve": nl}, adjoint_check
 
 
 def mpi_counts(fn, inner: int):
@@ -212,11 +247,18 @@ def main(argv=None):
                    help="only these rows (e.g. nonlinear_solve); default: all")
     args = p.parse_args(argv)
     trials = args.trials or (5 if args.quick else 15)
-    K, f, sla, (P, u0) = slasolve_calls(args.n, COMM)
+    K, f, sla, (P, u0), adjoint_reference = slasolve_calls(args.n, COMM)
     raw, _keep = raw_calls(K, f, COMM)
     raw["nonlinear_solve"], _keep_snes = raw_snes(P, u0, COMM)
-    dfx = dolfinx_calls(args.n, COMM)
+    dfx, adjoint_check = dolfinx_calls(args.n, COMM)
+    if adjoint_check is not None and (args.calls is None or "solve + backward" in args.calls):
+        diff = adjoint_check(*adjoint_reference())
+        rprint(f"DOLFINx hand adjoint dJ/db against slasolve's f.grad: relative difference {diff:.1e}")
+        if not diff < 1e-6:
+            raise SystemExit(f"the DOLFINx hand adjoint differs from slasolve's gradient ({diff:.1e})")
     out = {"n": args.n, "unknowns": K.global_shape[0], "ranks": SIZE, "rows": []}
+    if adjoint_check is not None and (args.calls is None or "solve + backward" in args.calls):
+        out["dolfinx hand adjoint vs slasolve f.grad (relative 2-norm difference)"] = diff
     rprint(f"fixed cost per call, {K.global_shape[0]} unknowns, {SIZE} rank(s), median of {trials} x "
            f"{args.inner} calls (us)")
     rprint(f"{'call':>18} {'slasolve':>10} {'raw petsc4py':>13} {'DOLFINx':>10} {'sla/raw':>8} {'sla/dfx':>8}")

@@ -61,11 +61,21 @@ class AdjointSolve(AdjointFunction):
         # the adjoint solve needs no comparison of the values with it (see early_sums)
         stamp = getattr(solver, "operator_stamp", None)
         ctx.op_stamp = stamp(dA) if stamp is not None else None
+        # this rank's symmetry sums of that Mat's values (dA's, compared with it and written into it
+        # by the solve), made once per Mat state: a loop's solves with unchanged values test nothing
+        ctx.sym_sums = _operator_symmetry_sums(dA, ctx.op_stamp) \
+            if "transpose_solver" in opts and ctx.op_stamp is not None and b.dim() == 1 else None
         # values saved too: changed in place before the backward they raise (on every rank)
         ctx.save_for_backward(x, values)
         return x
 
     name = "slasolve.solve"
+
+    @classmethod
+    def backward(cls, ctx, g):
+        """Collective. :meth:`AdjointFunction.backward` on ``g`` made contiguous once (the gradient
+        of a ``sum`` is an expanded, stride-0 view: every later ``contiguous()`` would copy it)."""
+        return super().backward(ctx, g.contiguous())
 
     @staticmethod
     def early_flag(ctx, g) -> bool:
@@ -84,15 +94,21 @@ class AdjointSolve(AdjointFunction):
         right-hand side of the petsc backend, whether the operator Mat changed here since the
         forward and ``g . g`` (unchanged everywhere: the adjoint solve skips comparing the values
         with the Mat and reducing ``||g||``)."""
-        parts = [np.array([float(AdjointSolve.early_flag(ctx, g))])]
-        if "transpose_solver" in ctx.opts:
-            parts.append(symmetry_sums(ctx.dA))
-        if ctx.op_stamp is not None and g.dim() == 1:
-            gn = g.detach()
+        sym = "transpose_solver" in ctx.opts
+        known = ctx.op_stamp is not None and g.dim() == 1
+        out = np.zeros(1 + (SYMMETRY_SUMS if sym else 0) + (2 if known else 0))
+        out[0] = AdjointSolve.early_flag(ctx, g)
+        changed = known and ctx.solver.operator_stamp(ctx.dA) != ctx.op_stamp
+        if sym:
+            # the Mat as the forward left it: the forward's sums (of the values the adjoint solves with)
+            sums = ctx.sym_sums if known and not changed and ctx.sym_sums is not None else None
+            out[1:1 + SYMMETRY_SUMS] = symmetry_sums(ctx.dA) if sums is None else sums
+        if known:
+            gn = g.detach() if g.requires_grad else g   # (a gradient of backward without create_graph does not)
             gn = (gn if gn.dtype == torch.float64 and gn.device.type == "cpu" else
                   gn.to(device="cpu", dtype=torch.float64)).contiguous().numpy()
-            parts.append(np.array([float(ctx.solver.operator_stamp(ctx.dA) != ctx.op_stamp), float(gn.dot(gn))]))
-        return np.concatenate(parts)
+            out[-2], out[-1] = changed, gn.dot(gn)
+        return out
 
     @staticmethod
     def adjoint(ctx, saved, g):
@@ -144,6 +160,21 @@ class AdjointSolve(AdjointFunction):
         gb = lam if ctx.needs_input_grad[1] else None
         gv = matvec_value_grad(ctx.dA, -lam, x) if ctx.needs_input_grad[0] else None
         return gv, gb, None, None, None, None, None
+
+
+def _operator_symmetry_sums(dA, stamp) -> np.ndarray:
+    """Local. This rank's :func:`~slasolve.symmetry.symmetry_sums` of ``dA`` right after a solve
+    wrote ``dA``'s values into the layout's operator Mat, whose ``operator_stamp`` is now
+    ``stamp`` (the Mat and its PETSc state, which moves with every change of its values; the
+    entry holds the Mat, so no other Mat takes its handle): computed when the stamp is new, else
+    the sums computed for it before (the values are the same)."""
+    cache = dA._layout.cache("symmetry sums")
+    hit = cache.get("operator")
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    sums = symmetry_sums(dA)
+    cache["operator"] = (stamp, sums)
+    return sums
 
 
 def repeats_forward(ctx, g, l0) -> bool:

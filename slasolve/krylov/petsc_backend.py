@@ -563,11 +563,13 @@ class PetscKrylov(KrylovSolver):
                          pc="callable" if self.pc_type == "python" else self.pc_type)
 
     def operator_stamp(self, dA) -> Optional[tuple]:
-        """Local. The identity and PETSc state of the operator Mat cached on ``dA``'s layout (every
-        solve on the layout refreshes that Mat), or None when there is none yet. A solve made on
-        a stamp that is unchanged on every rank may pass ``known_bnorm`` (see :meth:`_run`)."""
+        """Local. ``(Mat, PETSc state)`` of the operator Mat cached on ``dA``'s layout (every solve
+        on the layout refreshes that Mat), or None when there is none yet; stamps compare equal when
+        the Mat is the same (its handle: a stamp holds the Mat, so the handle is not reused) and its
+        values have not changed since. A solve made on a stamp that is unchanged on every rank may
+        pass ``known_bnorm`` (see :meth:`_run`)."""
         mat = cached_mat(dA, "aij")
-        return None if mat is None else (mat.handle, mat.stateGet())
+        return None if mat is None else (mat, mat.stateGet())
 
     def solve(self, dA, b, x0=None, **kw):
         """Collective. Solve ``A x = b`` for one right-hand side ``(n_local,)``.
