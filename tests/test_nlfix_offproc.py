@@ -104,8 +104,10 @@ def test_same_answers_and_counts_as_a_raw_snes(comm, kernels, monkeypatch):
                                            return_info=True)
         assert info.converged and info.iterations == ref_its == 4
         assert info.function_evaluations == 5 and info.jacobian_evaluations == 4
-        assert _rel(comm, u, ref) <= 1e-10
-        assert np.allclose(info.residual_history, ref_hist, rtol=1e-8, atol=1e-12 * ref_hist[0])
+        # the second call's GAMG keeps the first's prolongators: its linear solves differ at their
+        # tolerance (1e-10), so the iterates agree to about that, not bit for bit
+        assert _rel(comm, u, ref) <= 1e-8
+        assert np.allclose(info.residual_history, ref_hist, rtol=1e-6, atol=1e-9 * ref_hist[0])
         (solver,) = _kept(sp).values()
         assert solver.Jmat.getOption(PETSc.Mat.Option.NO_OFF_PROC_ENTRIES) == (comm.Get_size() > 1)
     assert abs(info.linear_iterations - ref_lits) <= 1   # GAMG kept from the first call's last tangent
