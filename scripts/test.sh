@@ -161,7 +161,7 @@ ranks4_files=(test_dsparse.py test_halo.py test_partition.py test_dtensor.py tes
               test_spmd_user_code.py test_adjoint_safety.py test_petsc_bridge.py test_observability.py
               test_fem_mesh.py test_fem_meshio.py test_fem_mixed_cells.py test_fem_collapsed_cells.py
               test_fem_facets.py test_fem_assembly.py test_fem_hyperelastic_kernels.py test_fem_solve.py test_nullspace.py
-              test_nlx_tangent_memo.py
+              test_nlx_tangent_memo.py test_nlfix_bound_halo.py
               # the cases issues 19 and 22 name at 1, 2 and 4 ranks: top88 at rtol 1e-12, SciPy's
               # default-success cases (recirc_flow, local_disc, PyAMG's), Taylor tests, time
               # stepping (~66 s wall at 4 ranks here, quiet)

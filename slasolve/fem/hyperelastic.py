@@ -411,7 +411,7 @@ class NeoHookean(NonlinearProblem):
 
         def tangent_values(x: np.ndarray) -> np.ndarray:
             return self._np_tangent_checked(x, memo, values)
-        return residual_into, tangent_values
+        return self._bound_kernels(residual_into, tangent_values)
 
     @checked_collectively
     def residual(self, u: torch.Tensor, mu: Union[None, float, torch.Tensor] = None,

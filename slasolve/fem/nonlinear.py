@@ -122,6 +122,10 @@ class NonlinearProblem:
         cells), a view of ``Gv`` ``(E, nv, ng*dim)``; ``wg`` ``(E, ng)`` their weights.
     """
 
+    #: True while :meth:`iterate_kernels`' kernels run (see :meth:`_bound_kernels`): their halo
+    #: exchanges then use the plans' bound (header-less) exchanges
+    _np_bound = False
+
     def __init__(self, space: Assembler, bc: Optional[DirichletBC] = None, source=None, neumann=None, *,
                  block_jacobian: bool = False):
         err = None
@@ -260,6 +264,10 @@ class NonlinearProblem:
         * ``tangent_values(x)``: Collective. The values (float64) of the tangent at ``x``, in the
           entry order of the DSparseTensor ``jacobian`` returns, checked.
 
+        Every rank calls them alike (the same kernels in the same order), each ``x`` a float64
+        array of this rank's owned dofs: their halo exchanges are the plans' header-less bound
+        exchanges (``HaloPlan.bound_exchange``), which rely on that instead of checking it.
+
         Decided from the problem, the methods and the parameters' types, the same on every rank."""
         return None
 
@@ -379,12 +387,39 @@ class NonlinearProblem:
             self._np_dofs = flat.reshape(E, nv).T[:, None, :] * bs + np.arange(bs)[None, :, None]
         return self._np_dofs
 
+    def _np_halo(self, plan, kind: int, a: np.ndarray) -> np.ndarray:
+        """Collective (the plan's neighbours). ``plan.forward_array(a)`` (``kind`` 0) or
+        ``plan.reverse_array(a)`` (1); inside the Newton kernels (:meth:`_bound_kernels`) the plan's
+        ``BoundExchange`` (``HaloPlan.bound_exchange``) instead, which checks nothing: there every rank makes
+        the same exchanges in the same order (SNES's callbacks, ordered by its collective decisions)
+        on float64 arrays of the plan's sizes (SNES's own vectors), what the checked exchanges'
+        headers verify. The same values bit for bit either way."""
+        if self._np_bound and a.dtype == np.float64:
+            return plan.bound_exchange(kind, a.shape[1:]).run(a)
+        return plan.forward_array(a) if kind == 0 else plan.reverse_array(a)
+
+    def _bound_kernels(self, residual_into, tangent_values):
+        """Local. ``(residual_into, tangent_values)`` (:meth:`iterate_kernels`' kernels) run with
+        :attr:`_np_bound` set: their halo exchanges are the plans' bound ones (:meth:`_np_halo`).
+        Only SNES's callbacks (and ``nonlinear_solve`` after SNES, alike on every rank) call them."""
+        def bound(kernel):
+            def run(*args):
+                self._np_bound = True
+                try:
+                    return kernel(*args)
+                finally:
+                    self._np_bound = False
+            return run
+        if self.comm.Get_size() == 1:   # no exchanges
+            return residual_into, tangent_values
+        return bound(residual_into), bound(tangent_values)
+
     def _np_extended(self, u: np.ndarray) -> np.ndarray:
         """Collective. The lifted owned dofs ``u`` followed by the ghost nodes' (the extended dof
         array the cell values are taken from; ``u`` itself on one rank)."""
         if self.comm.Get_size() > 1:
             bs = self.space.bs
-            u = np.concatenate([u, self.space.node_plan.forward_array(u.reshape(-1, bs)).reshape(-1)])
+            u = np.concatenate([u, self._np_halo(self.space.node_plan, 0, u.reshape(-1, bs)).reshape(-1)])
         return u
 
     def _np_extended_at(self, u: np.ndarray, memo: Optional[list], exchange: bool = True) -> np.ndarray:
@@ -449,7 +484,7 @@ class NonlinearProblem:
         n_owned = self.space.n_owned_nodes * bs
         owned = buf[:n_owned]
         if self.comm.Get_size() > 1:
-            owned = owned + self.space.node_plan.reverse_array(buf[n_owned:].reshape(-1, bs)).reshape(-1)
+            owned = owned + self._np_halo(self.space.node_plan, 1, buf[n_owned:].reshape(-1, bs)).reshape(-1)
         return owned
 
     def _np_finish_residual(self, u: np.ndarray, re: np.ndarray, out: Optional[np.ndarray] = None,
@@ -505,7 +540,7 @@ class NonlinearProblem:
         v = base + _sum_into(kept_slot, flat.take(kept), sp.nnz)
         if self.comm.Get_size() > 1:
             r = _sum_into(remote_slot, flat.take(remote), sp.n_remote)
-            r = sp.nnz_plan.reverse_array(r)
+            r = self._np_halo(sp.nnz_plan, 1, r)
             v = v + np.where(zero, 0.0, r)
         return v
 
@@ -570,7 +605,7 @@ class NonlinearProblem:
         nnz = sp.nnz
         v = V[:nnz]
         if self.comm.Get_size() > 1:
-            v = v + sp.nnz_plan.reverse_array(V[nnz:])
+            v = v + self._np_halo(sp.nnz_plan, 1, V[nnz:])
         if self.bc is not None:
             if self._np_masks is None:
                 zero, diag = self._dirichlet_masks(torch.float64)
@@ -910,7 +945,7 @@ class NonlinearDiffusion(NonlinearProblem):
 
         def tangent_values(x: np.ndarray) -> np.ndarray:
             return self._np_tangent_checked(x, memo, values)
-        return residual_into, tangent_values
+        return self._bound_kernels(residual_into, tangent_values)
 
     @checked_collectively
     def residual(self, u: torch.Tensor, kappa: Union[None, float, torch.Tensor] = None) -> torch.Tensor:

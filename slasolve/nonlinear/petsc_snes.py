@@ -26,7 +26,9 @@ turns a solve that converges into a failure.
 Callbacks: the residual callback converts PETSc's ``X`` to a torch tensor (u0's dtype),
 evaluates ``residual`` (no autograd) and writes ``F``; the Jacobian callback evaluates
 ``jacobian`` and writes its values into the SNES's own AIJ Mat created from a first
-Jacobian (``fill_petsc_mat``: an O(nnz) copy, no cache whose snapshot could go stale).
+Jacobian (``fill_petsc_mat``: an O(nnz) copy, no cache whose snapshot could go stale); on several
+ranks that Mat carries ``MAT_NO_OFF_PROC_ENTRIES`` (only owned rows are ever written: its
+assembly makes no reduction; a write to another rank's row raises in PETSc).
 For a :mod:`slasolve.fem` problem's own ``residual`` / ``jacobian`` (float64, CPU) the callbacks
 run the problem's NumPy kernels instead
 (:meth:`slasolve.fem.NonlinearProblem.iterate_kernels`: the same operations and collectives),
@@ -410,6 +412,11 @@ class _Solver:
             self.csr = (loc.indptr.numpy().astype(PETSc.IntType), loc.indices.numpy().astype(PETSc.IntType))
         # the Mat's pattern is the Jacobian's at u0 (its values are written at every Jacobian call)
         self.Jmat = None if J0 is None else create_petsc_mat(J0.to(torch.float64), "aij", bsize=bs if bs > 1 else None)
+        if self.Jmat is not None and comm.Get_size() > 1:
+            # every write is of this rank's own rows (the tangent's values in its CSR): the assembly
+            # after each one then skips the off-process stash's reduction (one per Jacobian); a
+            # write to another rank's row would raise in PETSc, never be dropped
+            self.Jmat.setOption(PETSc.Mat.Option.NO_OFF_PROC_ENTRIES, True)
         # the near-nullspace lives on this SNES's own Jacobian Mat; values changed on any rank
         # make a new SNES (GAMG keeps the near-nullspace data of its first set-up)
         self.near_nullspace = None
