@@ -42,6 +42,8 @@ Conventions (decisions recorded here)
 from __future__ import annotations
 
 import operator
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
@@ -456,6 +458,32 @@ def _symmetric_adjacency(g: sp.csr_matrix) -> Tuple[np.ndarray, np.ndarray]:
     return xadj, cols[keep]
 
 
+def _import_pymetis():
+    """Local. The ``pymetis`` module, its extension loaded with ``RTLD_DEEPBIND`` when slasolve
+    imports it first.
+
+    pymetis bundles its own METIS and exports its symbols; where another METIS is in the
+    process's global symbol scope, pymetis's calls between its own METIS functions bind to that
+    one and the two copies' memory bookkeeping corrupts the heap (a crash or a hang in
+    ``free``). DOLFINx 0.5 sets ``RTLD_GLOBAL`` for every later import and never restores it,
+    and its C++ library brings the system's ``libmetis`` (through CHOLMOD): ``import dolfinx``
+    before the first METIS partition was enough. ``RTLD_DEEPBIND`` makes the extension look up
+    its own symbols first; ``RTLD_LOCAL`` keeps them out of the global scope."""
+    if sys.modules.get("pymetis") is None:
+        flags = sys.getdlopenflags()
+        sys.setdlopenflags(os.RTLD_NOW | os.RTLD_LOCAL | getattr(os, "RTLD_DEEPBIND", 0))
+        try:
+            import pymetis  # noqa: F401
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError(
+                "slasolve.partition.metis needs pymetis: `pip install pymetis` "
+                "(or `pip install slasolve[partition]`)"
+            ) from exc
+        finally:
+            sys.setdlopenflags(flags)
+    return sys.modules["pymetis"]
+
+
 def metis(graph: Any, nparts: int) -> Partition:
     """Local (not collective). k-way METIS partition (via ``pymetis``).
 
@@ -483,13 +511,7 @@ def metis(graph: Any, nparts: int) -> Partition:
     k = _check_nparts(nparts, n)
     if k == 1:
         return Partition.from_parts(np.zeros(n, dtype=np.int64), 1, graph=g, method="metis")
-    try:
-        import pymetis
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "slasolve.partition.metis needs pymetis: `pip install pymetis` "
-            "(or `pip install slasolve[partition]`)"
-        ) from exc
+    pymetis = _import_pymetis()
     xadj, adjncy = _symmetric_adjacency(g)
     if hasattr(pymetis, "CSRAdjacency"):
         res = pymetis.part_graph(k, pymetis.CSRAdjacency(xadj, adjncy))

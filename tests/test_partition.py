@@ -399,3 +399,44 @@ def test_from_global_with_an_empty_part(comm):
     z = dA.gather(dA.T @ dA.scatter(x, root=None), root=None)
     ok = np.allclose(y.numpy(), A @ x.numpy(), rtol=1e-13) and np.allclose(z.numpy(), A.T @ x.numpy(), rtol=1e-13)
     assert comm.allreduce(int(ok), op=MPI.MIN) == 1
+
+
+FOREIGN_METIS = """
+import ctypes, ctypes.util, os, sys
+# what `import dolfinx` (0.5) leaves behind: RTLD_GLOBAL for every later import, and the system's
+# libmetis (through its C++ library's CHOLMOD) in the global symbol scope
+sys.setdlopenflags(os.RTLD_NOW | os.RTLD_GLOBAL)
+ctypes.CDLL(sys.argv[1], mode=os.RTLD_GLOBAL)
+import numpy as np, scipy.sparse as sp
+from slasolve.partition import metis
+rng = np.random.default_rng(0)
+for trial in range(10):
+    n = int(rng.integers(50, 3000))
+    A = sp.random(n, n, density=min(1.0, 8.0 / n), random_state=int(rng.integers(1 << 30)), format="csr")
+    A = A + A.T + sp.eye(n)
+    for k in (2, 3, 5, 8):
+        assert np.bincount(metis(A, k).parts, minlength=k).min() > 0
+print("partitions ok")
+"""
+
+
+@pytest.mark.once
+def test_metis_beside_a_global_system_metis():
+    """pymetis bundles METIS with its symbols exported: with another METIS in the global symbol
+    scope (after `import dolfinx`), its internal calls bound to that copy and the process crashed
+    (SEGV) or hung in free() within a few partitions. slasolve loads pymetis with RTLD_DEEPBIND."""
+    import ctypes.util
+    import os
+    import subprocess
+
+    pytest.importorskip("pymetis")
+    lib = ctypes.util.find_library("metis")
+    if lib is None:
+        pytest.skip("no system libmetis to put in the global scope")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PRTE_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", FOREIGN_METIS, lib], capture_output=True, text=True,
+                         timeout=240, env=env)
+    assert out.returncode == 0 and "partitions ok" in out.stdout, (out.returncode, out.stdout[-2000:],
+                                                                 out.stderr[-3000:])

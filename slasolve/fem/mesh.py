@@ -29,6 +29,7 @@ import torch
 from mpi4py import MPI
 
 from .._comm import allreduce_int, check_collective, get_comm
+from ..partition import partition as partition_graph
 from ..placement import split_offsets
 from .cells import (CELL_DIM, CELL_FACETS, CELL_TYPES, CELL_VERTICES, CELLS_PER_BOX, HEX_BITS, KUHN_TETS,
                     MESHIO_DIM, ORIENTATION_FLIP, QUAD_BITS, TRI_BITS, facet_keys, signed_measure)
@@ -335,20 +336,7 @@ def _partition_nodes(cells: np.ndarray, points: np.ndarray, nparts: int, method:
     if method in ("block", "contiguous"):
         return (np.searchsorted(_balanced_split(n, nparts), np.arange(n), side="right") - 1).astype(np.int64)
     G = _node_graph(cells, n)
-    try:
-        from ..partition import partition as _partition
-    except ImportError:
-        _partition = None
-    if _partition is not None:
-        return np.asarray(_partition(G, nparts, method, coords=points).parts, dtype=np.int64)
-    if method != "metis":
-        raise ValueError(f"partition method {method!r} needs slasolve.partition (not available)")
-    import pymetis
-
-    G.setdiag(0)
-    G.eliminate_zeros()
-    _, parts = pymetis.part_graph(nparts, xadj=G.indptr, adjncy=G.indices)
-    return np.asarray(parts, dtype=np.int64)
+    return np.asarray(partition_graph(G, nparts, method, coords=points).parts, dtype=np.int64)
 
 
 def _meshio_read(path: str):
