@@ -179,6 +179,12 @@ def _poisson(mesh):
     return slasolve.solve(K, b, "direct")
 
 
+def _cell_signature(mesh):
+    """Each local cell's vertex coordinates, sorted per coordinate (independent of vertex order)."""
+    c = mesh.local_cell_coords()
+    return torch.sort(c, dim=1).values.reshape(c.shape[0], -1)
+
+
 def _read(path, route, shared_dir, dim, comm, tag=""):
     if route == "convert":
         out = os.path.join(shared_dir, f"collapsed{dim}{tag}.xdmf")
@@ -228,17 +234,20 @@ def test_mixed_mesh_collapsed(shared_dir, dim, route):
     assert np.abs(mine[:, 1] - ref[:, 1]).max() <= 1e-12 * np.abs(ref[:, 1]).max()
     for a, b in zip(_tags_by_vertices(mesh), _tags_by_vertices(one)):
         assert np.array_equal(a, b)
-    if route == "convert":
-        # written and read back in parallel: the padded facets written as quads meet their faces
-        # again (not after the meshio route: a mesh read there can own a node none of its rank's
-        # cells touch, which the saved layout's reload rejects, with or without collapse)
-        from slasolve.fem import write_xdmf
+    # written and read back in parallel on the saved layout: the padded facets written as quads
+    # meet their faces again, and every rank gets the same nodes and cells back (after the meshio
+    # route too, whose owned nodes are touched by their rank's cells, as the reload requires)
+    from slasolve.fem import write_xdmf
 
-        again = os.path.join(shared_dir, f"again{dim}.xdmf")
-        write_xdmf(again, mesh)
-        back = read_mesh(again, comm=COMM)
-        for a, b in zip(_tags_by_vertices(mesh, mesh.node_ids), _tags_by_vertices(back)):
-            assert np.array_equal(a, b)
+    again = os.path.join(shared_dir, f"again{dim}.xdmf")
+    write_xdmf(again, mesh)
+    back = read_mesh(again, comm=COMM)
+    for a, b in zip(_tags_by_vertices(mesh, mesh.node_ids), _tags_by_vertices(back)):
+        assert np.array_equal(a, b)
+    for x, y in ((mesh.owned_node_coords(), back.owned_node_coords()),
+                 (_cell_signature(mesh), _cell_signature(back))):
+        x, y = np.unique(x.numpy(), axis=0), np.unique(y.numpy(), axis=0)
+        assert x.shape == y.shape and np.array_equal(x, y)
 
 
 @pytest.mark.parametrize("dim", [2, 3])

@@ -500,12 +500,20 @@ def _read_and_distribute(path, size: int, partition: str, simplices: bool = Fals
     parts = _partition_nodes(cells, points, size, partition)
     if parts.shape != (n,) or parts.min() < 0 or parts.max() >= size:
         raise ValueError(f"read_mesh: partitioner returned invalid parts (shape {parts.shape})")
+    # each cell goes to the lowest part among its vertices'; a node whose part then holds none
+    # of its cells moves to the lowest part that does, so that every rank's owned nodes are
+    # touched by its cells, as in the parallel reader (a saved layout is reloaded on that rule)
+    owner = parts[cells].min(axis=1)
+    touching = np.full(n, size, dtype=np.int64)
+    np.minimum.at(touching, cells.reshape(-1), np.repeat(owner, cells.shape[1]))
+    keys = np.unique(cells * size + owner[:, None])                 # (node, part of a cell touching it)
+    pos = np.minimum(np.searchsorted(keys, np.arange(n) * size + parts), keys.size - 1)
+    parts = np.where(keys[pos] == np.arange(n) * size + parts, parts, touching)
     perm = np.argsort(parts, kind="stable")          # new -> old
     iperm = np.empty(n, dtype=np.int64)
     iperm[perm] = np.arange(n)
     offsets = np.concatenate([[0], np.cumsum(np.bincount(parts, minlength=size))]).astype(np.int64)
     new_cells = iperm[cells]
-    owner = np.searchsorted(offsets, new_cells.min(axis=1), side="right") - 1
     order = np.argsort(owner, kind="stable")
     cell_off = np.concatenate([[0], np.cumsum(np.bincount(owner, minlength=size))])
     payloads = []
