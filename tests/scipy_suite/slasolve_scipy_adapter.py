@@ -150,6 +150,10 @@ def iterative_items():
               "test_defective_matrix_breakdown", "test_callback_type", "test_callback_x_monotonic",
               "test_restrt_dep"):
         excl = R_COMPLEX if m == "test_abi" else None
+        if m == "test_defective_precond_breakdown":
+            excl = ("asserts M A x == M b with atol=0 where M b has a zero entry, i.e. the last bit of x[0] "
+                    "(SciPy's GMRES: 0; slasolve's: 0 or 1.1e-16 depending on the CPU's kernels); the same "
+                    "case to rounding in tests/test_linalg_scipy.py::test_gmres_defective_precond_scipy_case")
         if m == "test_callback":
             excl = ("known difference: slasolve's GMRES is right-preconditioned; the pr_norm/legacy callback "
                     "reports ||b - A x||/||b||, SciPy's left-preconditioned GMRES ||M r||/||b||; both halves "
