@@ -414,8 +414,10 @@ def workflow_section(R, A) -> None:
     if any(d for _, d in fixed):
         A("**Fixed cost per call** (`bench/fixed_cost.py`): 81 unknowns, values unchanged between calls, "
           "microseconds (median). raw: petsc4py `ksp.solve` on the same Mat (twice for solve + backward); "
-          "DOLFINx: `LinearProblem.solve()` (its assembly of A and b included) and `NewtonSolver.solve` "
-          "(with its residual/Jacobian assembly, as slasolve's).\n")
+          "DOLFINx: `LinearProblem.solve()` (its assembly of A and b included), for solve + backward followed "
+          "by the adjoint a DOLFINx user writes by hand for J = sum(u) (dJ/du set into a Vec, one more "
+          "`ksp.solve` on the problem's KSP; checked equal to slasolve's gradient in the run), and "
+          "`NewtonSolver.solve` (with its residual/Jacobian assembly, as slasolve's).\n")
         A("| call | ranks | slasolve | raw petsc4py | DOLFINx |")
         A("|---|---|---|---|---|")
         for n, d in fixed:
