@@ -980,6 +980,53 @@ compare ratios measured in one run only.
   decrease no longer sits at the energy's rounding (`test_nlwrap_start.py`); an overflow test that asserted
   NumPy's RuntimeWarning on every rank, which only the ranks near the overflow emit (it hung at 3 ranks).
 
+### The thirteenth session's changes (issues 19, 21; 2026-11-28, load 1.1-2.7)
+
+The fixed-cost table and the nonlinear rows at 8k (diffusion, neo-Hookean 2-D and 3-D) were rerun twice,
+one after the other, at 15:53-16:00 (`bench/results/quiet_2026-11-28_s13.log`); the tables show the first
+run. A new machine this session (DOLFINx and dolfin-adjoint reinstalled from Debian / PyPI).
+
+* **solve + backward against DOLFINx, for the first time**: `bench/fixed_cost.py` times what a DOLFINx user
+  writes for J = sum(u) (`LinearProblem.solve()`, dJ/du set into a Vec, one more `ksp.solve` on the
+  problem's KSP), checked in the run against slasolve's `f.grad` (relative difference 1.8e-9). slasolve /
+  DOLFINx: **2.40, 1.73 (1 rank), 1.72, 1.98 (2 ranks): not met**. In alternated runs of the session's
+  first commit and the change below (9 trials each, loaded): median 2.52 -> 2.14 (1 rank), 1.96 -> 2.00 (2
+  ranks, inside the noise). The backward's MPI work is at its floor (44 reductions and 100 sends per solve
+  + backward at 2 ranks, DOLFINx 53 and 112): one Allreduce carries every check, then the KSP's own and the
+  true-residual check. What is left is Python in the autograd and adjoint layers: an empty autograd
+  Function plus `sum` and `global_sum`, forward and backward with no solve, already costs 1.3-1.75x
+  DOLFINx's whole hand adjoint.
+* The adjoint's symmetry test (CG / MINRES) is made once per state of the operator Mat, in the forward
+  right after the solve wrote the values, and reused by the backward while that Mat is unchanged; Python
+  calls per backward 236 -> 205 (1 rank), 251 -> 222 (2 ranks). The backward now tests the operator the
+  forward solved with: values changed through a NumPy view between forward and backward no longer switch a
+  symmetric solve's adjoint to the new values' transposed solve (`tests/test_bwfix_symmetry_cache.py`).
+* `nonlinear_solve` on `slasolve.fem` kernels: inside SNES's callbacks the kernels' halo exchanges are
+  bound (persistent requests on kept buffers, no headers: every rank makes the same exchanges in the same
+  order there), ~3-5 us per exchange against 12-22 us; the kept SNES's Jacobian Mat carries
+  `MAT_NO_OFF_PROC_ENTRIES` (110 -> 106 reductions per call at 2 ranks; DOLFINx 100, the other 6 are `bt`'s
+  Armijo tests). Fixed cost / DOLFINx **1.18, 1.14 (1 rank), 1.60, 1.60 (2 ranks): not met** (1.26-1.30 and
+  1.62-1.63 in the twelfth session). At 2 ranks a residual evaluated right after a KSP solve costs
+  1.7-1.9x what it costs in a tight loop (caches), which DOLFINx's compiled kernels feel less.
+* Workflow rows at 8k, two runs (slasolve / DOLFINx; / DOLFINx with the same stopping test): diffusion
+  forward 0.80, 0.81 (1 rank), 0.87, 0.97 (2 ranks), forward + gradient 0.67, 0.67 and 0.56, 0.56;
+  neo-Hookean 2-D 1.25 / 0.99, 1.35 / 0.95 (1 rank), 1.32 / 1.01, 1.30 / 1.05 (2 ranks), forward + gradient
+  1.07 / 0.87-0.92, 0.96-0.97 / 0.79-0.85; 3-D 1.00-1.02 / 0.79-0.83 (1 rank), 0.96-0.97 / 0.78-0.80 (2
+  ranks), forward + gradient 0.73-0.86.
+* **Mixed cell types as collapsed Q1 cells** (issue 21; `read_mesh` / `convert_mesh` `collapse=True`,
+  docs/mesh_io.md): triangles, tetrahedra, pyramids and wedges become quads / hexahedra with repeated
+  vertices, Q1 on the quads and hexahedra, exactly P1 on the triangles and tetrahedra (matrices equal to the
+  native P1 assembly to ~1e-16). Cost on 48k tetrahedra read as collapsed hexahedra against native P1, one
+  thread, alternated, two runs: first stiffness assembly 7-10x, elasticity 8-11x, `Assembler` set-up 2.7x,
+  repeated assembly with per-cell coefficients 2.8x (a tetrahedron is an 8 x 8 element matrix with 8
+  quadrature points); the reader's canonical facet keys add ~6 ms per 100k cells.
+* Fixed on the way: pymetis is imported with `RTLD_DEEPBIND` (after `import dolfinx`, which leaves
+  `RTLD_GLOBAL` set and brings the system's libmetis, pymetis's bundled METIS bound to the system copy
+  and the process crashed in the first partition: the serial test step when `test_fem_meshio`'s DOLFINx
+  test ran before `test_partition` in one worker, and any script comparing against DOLFINx with METIS
+  partitions); the meshio read path gives every owned node a local cell, so a mesh read there and saved
+  with `write_xdmf` reloads on its saved layout (it raised at 3-4 ranks).
+
 ### Where the transient adjoint's memory goes (issue 22; `bench/memory_transient.py`, twelfth session)
 
 n = 64 (4,225 nodes), 100 steps, 10 snapshots, load 3.5-7; MiB over each side's own imports at the
