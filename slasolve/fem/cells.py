@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["CELL_TYPES", "CELL_DIM", "CELL_VERTICES", "CELL_FACETS", "CELL_EDGES", "ORIENTATION_FLIP",
-           "MESHIO_DIM", "signed_measure", "facet_keys", "canonical_facets", "KUHN_TETS",
+           "MESHIO_DIM", "MIXED_VERTICES", "check_cell_blocks", "signed_measure", "facet_keys", "canonical_facets",
+           "KUHN_TETS",
            "QUAD_BITS", "HEX_BITS", "TRI_BITS", "CELLS_PER_BOX"]
 
 CELL_TYPES = ("triangle", "quad", "tetra", "hexahedron")
@@ -49,6 +50,34 @@ def signed_measure(points: np.ndarray, cells: np.ndarray, cell: str) -> np.ndarr
     else:
         J = np.stack([points[cells[:, 1]] - x0, points[cells[:, 3]] - x0, points[cells[:, 4]] - x0], axis=-1)
     return np.linalg.det(J)
+
+
+# vertex counts of the first-order meshio cell types a mixed-cell file may hold (VTK order)
+MIXED_VERTICES = {"triangle": 3, "quad": 4, "tetra": 4, "hexahedron": 8, "wedge": 6, "pyramid": 5}
+
+
+def check_cell_blocks(blocks, target: dict, n_points: int, verb: str, into: str) -> str:
+    """Local. The one cell type ``target`` (meshio type -> new type) makes of every block of
+    ``blocks`` (``(meshio type, (n, k) int vertex indices)``), after checking them: every type in
+    ``target`` ("cannot {verb} cells of type [...] into {into}" otherwise), all becoming one type,
+    integer ``(n, k)`` arrays of the type's vertex count, indices in ``0..n_points - 1``; each
+    problem a ``ValueError``. The shared checks of the simplex split and the collapse."""
+    kinds = {t for t, _ in blocks}
+    unknown = sorted(kinds - set(target))
+    if unknown:
+        raise ValueError(f"cannot {verb} cells of type {unknown} into {into}; supported: {sorted(target)}")
+    targets = {target[t] for t in kinds}
+    if len(targets) != 1:
+        raise ValueError(f"cell types {sorted(kinds)} are not all of one dimension")
+    for kind, cells in blocks:
+        cells = np.asarray(cells)
+        nv = MIXED_VERTICES[kind]
+        if cells.ndim != 2 or cells.shape[1] != nv or not np.issubdtype(cells.dtype, np.integer):
+            raise ValueError(f"{kind} cells must be an integer array of shape (n, {nv}), got "
+                             f"{cells.dtype} {cells.shape}")
+        if cells.size and (cells.min() < 0 or cells.max() >= n_points):
+            raise ValueError(f"{kind} cells refer to points outside 0..{n_points - 1}")
+    return targets.pop()
 
 
 def canonical_facets(vertices: np.ndarray) -> "tuple[np.ndarray, np.ndarray]":

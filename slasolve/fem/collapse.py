@@ -25,6 +25,8 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
+from .cells import check_cell_blocks
+
 __all__ = ["COLLAPSE_TYPES", "collapse_cells", "collapse_facets"]
 
 # cell type -> (Q1 type it becomes, the cell's local vertex at each of that type's vertices)
@@ -36,7 +38,6 @@ COLLAPSE_TYPES = {
     "wedge": ("hexahedron", [0, 1, 2, 2, 3, 4, 5, 5]),
     "hexahedron": ("hexahedron", [0, 1, 2, 3, 4, 5, 6, 7]),
 }
-_VERTICES = {"triangle": 3, "quad": 4, "tetra": 4, "hexahedron": 8, "wedge": 6, "pyramid": 5}
 # facet blocks (tags) of the collapsed meshes: lines stay, triangles padded like a tetrahedron's face
 _FACET_PAD = {"line": [0, 1], "triangle": [0, 1, 2, 2], "quad": [0, 1, 2, 3]}
 
@@ -67,24 +68,8 @@ def collapse_cells(blocks: Sequence[Tuple[str, np.ndarray]], n_points: int) -> T
         For an unsupported cell type, blocks of different dimensions, a block of the wrong
         shape or dtype, or indices outside ``0..n_points - 1``.
     """
-    kinds = {t for t, _ in blocks}
-    unknown = sorted(kinds - set(COLLAPSE_TYPES))
-    if unknown:
-        raise ValueError(f"cannot collapse cells of type {unknown} into Q1 cells; supported: "
-                         f"{sorted(COLLAPSE_TYPES)}")
-    targets = {COLLAPSE_TYPES[t][0] for t in kinds}
-    if len(targets) != 1:
-        raise ValueError(f"cell types {sorted(kinds)} are not all of one dimension")
-    out = []
-    for kind, cells in blocks:
-        cells = np.asarray(cells)
-        if cells.ndim != 2 or cells.shape[1] != _VERTICES[kind] or not np.issubdtype(cells.dtype, np.integer):
-            raise ValueError(f"{kind} cells must be an integer array of shape (n, {_VERTICES[kind]}), got "
-                             f"{cells.dtype} {cells.shape}")
-        if cells.size and (cells.min() < 0 or cells.max() >= n_points):
-            raise ValueError(f"{kind} cells refer to points outside 0..{n_points - 1}")
-        out.append(cells.astype(np.int64)[:, COLLAPSE_TYPES[kind][1]])
-    return targets.pop(), np.concatenate(out)
+    cell = check_cell_blocks(blocks, {t: v[0] for t, v in COLLAPSE_TYPES.items()}, n_points, "collapse", "Q1 cells")
+    return cell, np.concatenate([np.asarray(c, dtype=np.int64)[:, COLLAPSE_TYPES[k][1]] for k, c in blocks])
 
 
 def collapse_facets(blocks: Sequence[Tuple[str, np.ndarray]]) -> np.ndarray:

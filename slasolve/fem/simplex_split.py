@@ -19,13 +19,14 @@ from typing import List, Sequence, Tuple
 
 import numpy as np
 
+from .cells import check_cell_blocks
+
 __all__ = ["SPLIT_TYPES", "split_cells", "split_facets"]
 
 # cell type -> (simplex type it splits into, topological dimension)
 SPLIT_TYPES = {"triangle": "triangle", "quad": "triangle", "tetra": "tetra", "hexahedron": "tetra",
                "wedge": "tetra", "pyramid": "tetra"}
 
-_VERTICES = {"triangle": 3, "quad": 4, "tetra": 4, "hexahedron": 8, "wedge": 6, "pyramid": 5}
 _HEX_FACES = np.array([[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 5, 4], [1, 2, 6, 5], [2, 3, 7, 6], [3, 0, 4, 7]])
 # wedge (VTK order: triangle 0 1 2, triangle 3 4 5, vertex i + 3 opposite i) relabelled so that
 # vertex k comes first and the other labels keep the wedge's structure
@@ -97,21 +98,7 @@ def split_cells(blocks: Sequence[Tuple[str, np.ndarray]], points: np.ndarray
         For an unsupported cell type, blocks of different dimensions, a block of the wrong shape
         or dtype, or indices outside ``points``.
     """
-    kinds = {t for t, _ in blocks}
-    unknown = sorted(kinds - set(SPLIT_TYPES))
-    if unknown:
-        raise ValueError(f"cannot split cells of type {unknown} into simplices; supported: {sorted(SPLIT_TYPES)}")
-    targets = {SPLIT_TYPES[t] for t in kinds}
-    if len(targets) != 1:
-        raise ValueError(f"cell types {sorted(kinds)} are not all of one dimension")
-    simplex = targets.pop()
-    for kind, cells in blocks:
-        cells = np.asarray(cells)
-        if cells.ndim != 2 or cells.shape[1] != _VERTICES[kind] or not np.issubdtype(cells.dtype, np.integer):
-            raise ValueError(f"{kind} cells must be an integer array of shape (n, {_VERTICES[kind]}), got "
-                             f"{cells.dtype} {cells.shape}")
-        if cells.size and (cells.min() < 0 or cells.max() >= points.shape[0]):
-            raise ValueError(f"{kind} cells refer to points outside 0..{points.shape[0] - 1}")
+    simplex = check_cell_blocks(blocks, SPLIT_TYPES, points.shape[0], "split", "simplices")
     out: List[np.ndarray] = []
     parents: List[np.ndarray] = []
     new_points: List[np.ndarray] = []
